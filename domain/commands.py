@@ -1,0 +1,51 @@
+"""Commands: what an agent, the reaper or an admin asks of one lock.
+
+Clients never send absolute times: a lease is a duration (``ttl_ms``) that the database clock turns
+into a deadline, so client clock skew can neither extend nor shorten it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    resource: str
+    owner: str
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Renew:
+    """The heartbeat. ``ttl_ms=None`` keeps the TTL the lease was granted with."""
+
+    resource: str
+    owner: str
+    fencing_token: int
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    resource: str
+    owner: str
+    fencing_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    """Issued by the reaper for a lease whose deadline has passed."""
+
+    resource: str
+
+
+@dataclass(frozen=True, slots=True)
+class ForceRelease:
+    """An operator ends whatever lease is live, e.g. for a robot that was powered off by hand."""
+
+    resource: str
+    reason: str
+
+
+Command = Acquire | Renew | Release | Expire | ForceRelease

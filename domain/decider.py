@@ -1,0 +1,145 @@
+"""The lock decider: ``decide(state, command, now) -> events`` and ``evolve(state, event) -> state``.
+
+Pure functions over plain data. ``now`` is the database clock read where the decision is serialized;
+the store re-stamps the deadline of granting events with the clock of the appending statement, so
+``expires_at`` here is the decision's estimate and the stored event is the truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
+from domain.errors import InvalidCommand, LeaseExpired, LockHeld, NotHolder
+from domain.events import (
+    LOCK_EXPIRED,
+    Event,
+    LockAcquired,
+    LockExpired,
+    LockForceReleased,
+    LockReleased,
+    LockRenewed,
+)
+from domain.resource import TtlBounds, is_valid_owner, is_valid_resource
+from domain.state import LockState
+
+DEFAULT_BOUNDS = TtlBounds()
+
+
+def decide(
+    state: LockState, command: Command, now: datetime, bounds: TtlBounds = DEFAULT_BOUNDS
+) -> list[Event]:
+    """The events that ``command`` causes on a lock in ``state`` at instant ``now``.
+
+    Raises a :class:`~domain.errors.DomainError` when the command is not allowed. An empty list means
+    the command is allowed but changes nothing (expiring a lease that is still live, force-releasing a
+    free lock).
+    """
+    _validate(state, command, bounds)
+    if isinstance(command, Acquire):
+        return _acquire(state, command, now)
+    if isinstance(command, Renew):
+        _check_holder(state, command.owner, command.fencing_token, now)
+        ttl_ms = command.ttl_ms if command.ttl_ms is not None else (state.ttl_ms or bounds.default_ms)
+        return [
+            LockRenewed(state.resource, command.owner, state.fencing_token, ttl_ms, _deadline(now, ttl_ms))
+        ]
+    if isinstance(command, Release):
+        _check_holder(state, command.owner, command.fencing_token, now)
+        assert state.expires_at is not None
+        return [LockReleased(state.resource, command.owner, state.fencing_token, state.expires_at)]
+    if isinstance(command, Expire):
+        return [_expiry(state)] if state.is_lapsed(now) else []
+    if isinstance(command, ForceRelease):
+        if state.is_lapsed(now):
+            return [_expiry(state)]
+        if state.is_live(now):
+            assert state.owner is not None and state.expires_at is not None
+            return [
+                LockForceReleased(
+                    state.resource, state.owner, state.fencing_token, state.expires_at, command.reason
+                )
+            ]
+        return []
+    raise TypeError(f"not a lock command: {command!r}")  # pragma: no cover - exhaustive above
+
+
+def evolve(state: LockState, event: Event) -> LockState:
+    """The state after ``event``; each event carries all it needs, so older events are never consulted."""
+    version = state.version + 1
+    if isinstance(event, LockAcquired | LockRenewed):
+        return replace(
+            state,
+            version=version,
+            status="held",
+            owner=event.owner,
+            fencing_token=event.fencing_token,
+            ttl_ms=event.ttl_ms,
+            expires_at=event.expires_at,
+            ended_by=None,
+        )
+    return replace(
+        state,
+        version=version,
+        status="free",
+        owner=event.owner,
+        fencing_token=event.fencing_token,
+        expires_at=event.expires_at,
+        ended_by=event.type,
+    )
+
+
+def fold(state: LockState, events: list[Event]) -> LockState:
+    for event in events:
+        state = evolve(state, event)
+    return state
+
+
+def _acquire(state: LockState, command: Acquire, now: datetime) -> list[Event]:
+    if state.is_live(now):
+        assert state.owner is not None and state.expires_at is not None
+        raise LockHeld(state.resource, state.owner, state.expires_at, state.fencing_token)
+    events: list[Event] = []
+    if state.is_lapsed(now):
+        events.append(_expiry(state))
+    # The token is the stream version of the LOCK_ACQUIRED event: strictly increasing per resource,
+    # and assigned by the same expected-version check that serializes the decision.
+    token = state.version + len(events) + 1
+    events.append(LockAcquired(state.resource, command.owner, token, command.ttl_ms, _deadline(now, command.ttl_ms)))
+    return events
+
+
+def _check_holder(state: LockState, owner: str, token: int, now: datetime) -> None:
+    """Renew and release need the current lease's owner and token, and a lease still live."""
+    if state.fencing_token == 0 or owner != state.owner or token != state.fencing_token:
+        raise NotHolder(state.resource, f"{owner} does not hold {state.resource} with token {token}")
+    if state.is_lapsed(now) or (state.status == "free" and state.ended_by == LOCK_EXPIRED):
+        assert state.expires_at is not None
+        raise LeaseExpired(state.resource, state.expires_at)
+    if state.status != "held":
+        raise NotHolder(state.resource, f"the lease on {state.resource} with token {token} has ended")
+
+
+def _expiry(state: LockState) -> LockExpired:
+    assert state.owner is not None and state.expires_at is not None
+    return LockExpired(state.resource, state.owner, state.fencing_token, state.expires_at)
+
+
+def _deadline(now: datetime, ttl_ms: int) -> datetime:
+    return now + timedelta(milliseconds=ttl_ms)
+
+
+def _validate(state: LockState, command: Command, bounds: TtlBounds) -> None:
+    if command.resource != state.resource:
+        raise InvalidCommand(command.resource, f"command for {command.resource} applied to {state.resource}")
+    if not is_valid_resource(command.resource):
+        raise InvalidCommand(command.resource, "resource must be 1-200 characters of [A-Za-z0-9._:-]")
+    owner = getattr(command, "owner", None)
+    if owner is not None and not is_valid_owner(owner):
+        raise InvalidCommand(command.resource, "owner must be 1-200 characters of [A-Za-z0-9._:@-]")
+    ttl_ms = getattr(command, "ttl_ms", None)
+    if ttl_ms is not None and not bounds.contains(ttl_ms):
+        raise InvalidCommand(
+            command.resource, f"ttl_ms must be between {bounds.min_ms} and {bounds.max_ms}, got {ttl_ms}"
+        )

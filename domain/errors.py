@@ -1,0 +1,54 @@
+"""Domain errors: the reasons a lock command is rejected.
+
+Each carries a stable machine-readable ``code`` so the API can map it to a problem+json response
+without the domain knowing anything about HTTP.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+class DomainError(Exception):
+    """A command that the current state of the lock does not allow."""
+
+    code: str = "domain_error"
+
+    def __init__(self, resource: str, detail: str) -> None:
+        super().__init__(detail)
+        self.resource = resource
+        self.detail = detail
+
+
+class LockHeld(DomainError):
+    """Another owner (or the same owner, locks are not re-entrant) holds a live lease."""
+
+    code = "lock_held"
+
+    def __init__(self, resource: str, holder: str, expires_at: datetime, fencing_token: int) -> None:
+        super().__init__(resource, f"{resource} is held by {holder} until {expires_at.isoformat()}")
+        self.holder = holder
+        self.expires_at = expires_at
+        self.fencing_token = fencing_token
+
+
+class NotHolder(DomainError):
+    """The caller's owner id or fencing token is not the current lease's."""
+
+    code = "not_holder"
+
+
+class LeaseExpired(DomainError):
+    """The caller's lease reached its deadline; it can never be renewed or released again."""
+
+    code = "lease_expired"
+
+    def __init__(self, resource: str, expired_at: datetime) -> None:
+        super().__init__(resource, f"the lease on {resource} expired at {expired_at.isoformat()}")
+        self.expired_at = expired_at
+
+
+class InvalidCommand(DomainError):
+    """A command whose own fields are out of bounds (bad resource name, TTL out of range)."""
+
+    code = "validation_error"

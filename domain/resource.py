@@ -1,0 +1,35 @@
+"""What a resource id and a lease TTL may be.
+
+A resource is always exactly one URL path segment, so ``/`` is excluded; the bounds are the contract
+of DESIGN.md and are checked here so every entry point (HTTP, SDK, CLI) rejects the same inputs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+RESOURCE_PATTERN = r"^[A-Za-z0-9._:\-]{1,200}$"
+OWNER_PATTERN = r"^[A-Za-z0-9._:@\-]{1,200}$"
+_RESOURCE_RE = re.compile(RESOURCE_PATTERN)
+_OWNER_RE = re.compile(OWNER_PATTERN)
+
+
+def is_valid_resource(resource: str) -> bool:
+    return bool(_RESOURCE_RE.fullmatch(resource))
+
+
+def is_valid_owner(owner: str) -> bool:
+    return bool(_OWNER_RE.fullmatch(owner))
+
+
+@dataclass(frozen=True, slots=True)
+class TtlBounds:
+    """Inclusive bounds on a lease TTL in milliseconds, and the default when a command names none."""
+
+    min_ms: int = 1_000
+    max_ms: int = 3_600_000
+    default_ms: int = 30_000
+
+    def contains(self, ttl_ms: int) -> bool:
+        return self.min_ms <= ttl_ms <= self.max_ms

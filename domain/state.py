@@ -1,0 +1,39 @@
+"""The state of one lock, as folded from its event stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+Status = Literal["held", "free"]
+
+
+@dataclass(frozen=True, slots=True)
+class LockState:
+    """What a decision needs to know about a lock.
+
+    ``version`` is the stream version of the last event (0 for a lock never taken); the next fencing token
+    is derived from it, which is why tokens are assigned under the same serialization as the decision.
+    A ``held`` lease whose ``expires_at`` has passed is *lapsed*: no longer live, but its ``LOCK_EXPIRED``
+    event may not have been appended yet (the reaper or the next command does that).
+    """
+
+    resource: str
+    version: int = 0
+    status: Status = "free"
+    owner: str | None = None
+    fencing_token: int = 0
+    ttl_ms: int | None = None
+    expires_at: datetime | None = None
+    ended_by: str | None = None
+
+    def is_live(self, now: datetime) -> bool:
+        return self.status == "held" and self.expires_at is not None and now < self.expires_at
+
+    def is_lapsed(self, now: datetime) -> bool:
+        return self.status == "held" and self.expires_at is not None and now >= self.expires_at
+
+
+def initial_state(resource: str) -> LockState:
+    return LockState(resource=resource)

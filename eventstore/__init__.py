@@ -1,0 +1,1 @@
+"""The PostgreSQL event log: schema, reads, hash-chain verification."""

@@ -1,0 +1,63 @@
+"""The events table: lockledger's one source of truth.
+
+SQLAlchemy Core tables are the schema's single definition; the alembic migrations are derived from them
+and ``tests/storage/test_migrations.py`` proves the migrated database matches. What Core cannot express
+(append-only triggers, the hash chain, grants) lives in the migration, next to the table it guards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Identity,
+    Index,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
+from sqlalchemy.types import UserDefinedType
+
+# One MetaData for the whole database; projections and service add their tables to it.
+metadata = MetaData()
+
+# The database role the service runs as: INSERT and SELECT on events, nothing that rewrites history.
+SERVICE_ROLE = "lockledger_service"
+
+
+class Xid8(UserDefinedType[Any]):
+    """PostgreSQL's 64-bit transaction id, which never wraps around (PG 13+)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "xid8"
+
+
+events = Table(
+    "events",
+    metadata,
+    # Global order of all events. A reader tailing the log pairs it with tx_id (see DESIGN.md).
+    Column("position", BigInteger, Identity(always=True), primary_key=True),
+    Column("stream_id", Text, nullable=False),
+    Column("stream_version", BigInteger, nullable=False),
+    Column("event_id", UUID(as_uuid=True), nullable=False, server_default=text("gen_random_uuid()")),
+    Column("event_type", Text, nullable=False),
+    Column("data", JSONB, nullable=False),
+    Column("metadata", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # The database clock at the append; lease deadlines are computed from this same instant.
+    Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    # The writing transaction, so a tailing reader can wait for transactions that are still in flight.
+    Column("tx_id", Xid8(), nullable=False, server_default=text("pg_current_xact_id()")),
+    # sha256(previous event's hash || this event), set by the events_chain_hash trigger.
+    Column("hash", LargeBinary, nullable=False),
+    UniqueConstraint("stream_id", "stream_version", name="events_stream_version_key"),
+    UniqueConstraint("event_id", name="events_event_id_key"),
+    Index("events_recorded_at_idx", "recorded_at"),
+)

@@ -1,0 +1,1 @@
+"""Alembic environment and versions; `lockledger migrate` runs them."""

@@ -1,0 +1,32 @@
+"""lock_state: one row per resource, projected inline in the same statement as the append.
+
+The row is also the stream's head: its ``version`` is the expected version the next append must match,
+and ``SELECT ... FOR UPDATE`` on it is where concurrent commands on one resource are serialized.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, CheckConstraint, Column, Index, Integer, Table, Text, text
+from sqlalchemy.dialects.postgresql import TIMESTAMP
+
+from eventstore.schema import metadata
+
+lock_state = Table(
+    "lock_state",
+    metadata,
+    Column("resource", Text, primary_key=True),
+    Column("version", BigInteger, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("owner", Text),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("ttl_ms", Integer),
+    Column("expires_at", TIMESTAMP(timezone=True)),
+    Column("ended_by", Text),
+    Column("acquired_at", TIMESTAMP(timezone=True)),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False),
+    CheckConstraint("status IN ('held', 'free')", name="lock_state_status_check"),
+    # Dashboards: locks of one agent, leases expiring soon (also the reaper's scan), resources by prefix.
+    Index("lock_state_owner_idx", "owner", postgresql_where=text("status = 'held'")),
+    Index("lock_state_expires_at_idx", "expires_at", postgresql_where=text("status = 'held'")),
+    Index("lock_state_resource_prefix_idx", text("resource text_pattern_ops")),
+)

@@ -1,0 +1,1 @@
+"""The application layer: command handlers, the reaper, settings and the database pool."""

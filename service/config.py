@@ -1,0 +1,41 @@
+"""Settings, from ``LOCKLEDGER_*`` environment variables (pydantic-settings), with safe defaults."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from domain.resource import TtlBounds
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LOCKLEDGER_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None, description="PostgreSQL URL; without it `lockledger serve` starts an embedded server."
+    )
+    database_role: str = Field(
+        default="lockledger_service",
+        description="Role the service switches to on connect (INSERT+SELECT on events); empty to stay as is.",
+    )
+    pool_min_size: int = 2
+    pool_max_size: int = 16
+    pool_acquire_timeout_s: float = Field(default=5.0, description="Wait for a free connection, then 503.")
+    statement_timeout_ms: int = Field(default=5_000, description="Per-statement bound on the server side.")
+    command_timeout_s: float = Field(default=5.0, description="Client-side bound on one database round trip.")
+
+    ttl_min_ms: int = 1_000
+    ttl_max_ms: int = 3_600_000
+    ttl_default_ms: int = 30_000
+    conflict_retries: int = Field(default=16, description="Re-decisions after losing an expected-version race.")
+
+    idempotency_retention_s: int = Field(default=86_400, description="How long Idempotency-Keys are kept.")
+
+    reaper_enabled: bool = Field(default=True, description="Run the reaper inside `serve`.")
+    reaper_interval_ms: int = Field(default=200, description="Pause between reaper passes that found nothing.")
+    reaper_batch_size: int = 1_000
+    idempotency_purge_batch: int = 5_000
+
+    @property
+    def ttl_bounds(self) -> TtlBounds:
+        return TtlBounds(min_ms=self.ttl_min_ms, max_ms=self.ttl_max_ms, default_ms=self.ttl_default_ms)

@@ -1,0 +1,35 @@
+"""The asyncpg pool: UTC session clock, the least-privileged role, bounded waits everywhere."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from lockledger.dburl import asyncpg_dsn
+from service.config import Settings
+
+
+async def create_pool(settings: Settings, *, role: str | None = None) -> asyncpg.Pool:
+    """A pool whose sessions run as the service role with UTC timestamps in JSON.
+
+    The role and time zone are startup parameters, so they survive the ``RESET ALL`` that asyncpg issues
+    when a connection returns to the pool.
+    """
+    if not settings.database_url:
+        raise ValueError("settings.database_url is not set")
+    server_settings = {
+        "timezone": "UTC",
+        "statement_timeout": str(settings.statement_timeout_ms),
+        "application_name": "lockledger",
+    }
+    chosen_role = settings.database_role if role is None else role
+    if chosen_role:
+        server_settings["role"] = chosen_role
+    pool = await asyncpg.create_pool(
+        asyncpg_dsn(settings.database_url),
+        min_size=settings.pool_min_size,
+        max_size=settings.pool_max_size,
+        command_timeout=settings.command_timeout_s,
+        server_settings=server_settings,
+    )
+    assert pool is not None
+    return pool

@@ -1,0 +1,33 @@
+"""Application-level failures that are not lock-domain rejections."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    code = "service_error"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class IdempotencyKeyReused(ServiceError):
+    """The key was already used for a different request (IETF httpapi idempotency draft: 422)."""
+
+    code = "idempotency_key_reused"
+
+
+class IdempotencyKeyInProgress(ServiceError):
+    """Another request with this key is still running (409); retry after a moment."""
+
+    code = "idempotency_key_in_progress"
+
+
+class Unavailable(ServiceError):
+    """The database cannot be reached, or a resource is too contended to decide in bounded time (503)."""
+
+    code = "unavailable"
+
+    def __init__(self, detail: str, retry_after_s: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s

@@ -1,0 +1,125 @@
+"""Command handlers: load, decide, append, and on a lost race load and decide again (bounded)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
+from domain.decider import decide, fold
+from domain.events import Event, LockForceReleased
+from domain.resource import TtlBounds
+from service import lock_store
+from service.errors import Unavailable
+from service.idempotency import fingerprint, replay
+from service.lock_store import AppendPlan, Idempotency
+
+
+@dataclass(frozen=True, slots=True)
+class CommandContext:
+    """Who asks, and how the request ties into a wider flow (stored in each event's metadata)."""
+
+    principal: str = "anonymous"
+    idempotency_key: str | None = None
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    saga_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    status_code: int
+    body: str  # JSON, byte for byte what a replay of the same Idempotency-Key returns
+    replayed: bool = False
+    events: list[Event] = field(default_factory=list)
+
+
+class LockService:
+    def __init__(self, pool: asyncpg.Pool, bounds: TtlBounds, *, conflict_retries: int = 16,
+                 acquire_timeout_s: float = 5.0) -> None:
+        self._pool = pool
+        self._bounds = bounds
+        self._retries = conflict_retries
+        self._acquire_timeout_s = acquire_timeout_s
+
+    async def execute(self, command: Command, ctx: CommandContext) -> CommandResult:
+        """Run ``command`` to a decision that is committed, rejected (DomainError) or replayed."""
+        name, fields = _describe(command)
+        request_fingerprint = fingerprint(name, command.resource, fields)
+        idempotency = Idempotency(ctx.principal, ctx.idempotency_key, request_fingerprint)
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            for _ in range(self._retries + 1):
+                snapshot = await lock_store.load(conn, command.resource, ctx.principal, ctx.idempotency_key)
+                if snapshot.stored is not None:
+                    stored = replay(snapshot.stored, request_fingerprint)
+                    return CommandResult(stored.status_code, stored.body, replayed=True)
+                events = decide(snapshot.state, command, snapshot.db_now, self._bounds)
+                status_code, response = _response(command, events)
+                if not events:
+                    return CommandResult(status_code, json.dumps(response, separators=(",", ":")))
+                plan = AppendPlan(
+                    expected_version=snapshot.state.version,
+                    events=events,
+                    new_state=fold(snapshot.state, events),
+                    require_live=isinstance(command, Renew | Release),
+                    status_code=status_code,
+                    response=response,
+                    metadata=_metadata(name, ctx),
+                    idempotency=idempotency,
+                )
+                try:
+                    committed = await lock_store.commit(conn, plan)
+                except asyncpg.UniqueViolationError:
+                    # A concurrent request with the same key (or a stream created under us) won: the next
+                    # load sees its outcome.
+                    continue
+                if committed is not None:
+                    return CommandResult(status_code, committed.response, events=events)
+        raise Unavailable(f"{command.resource} is too contended to decide now; retry", retry_after_s=1)
+
+
+def _describe(command: Command) -> tuple[str, dict[str, Any]]:
+    if isinstance(command, Acquire):
+        return "acquire", {"owner": command.owner, "ttl_ms": command.ttl_ms}
+    if isinstance(command, Renew):
+        return "renew", {"owner": command.owner, "fencing_token": command.fencing_token, "ttl_ms": command.ttl_ms}
+    if isinstance(command, Release):
+        return "release", {"owner": command.owner, "fencing_token": command.fencing_token}
+    if isinstance(command, ForceRelease):
+        return "force-release", {"reason": command.reason}
+    assert isinstance(command, Expire)
+    return "expire", {}
+
+
+def _response(command: Command, events: list[Event]) -> tuple[int, dict[str, Any]]:
+    """The response body before the statement stamps ``expires_at`` into granting responses."""
+    resource = command.resource
+    if isinstance(command, Acquire | Renew):
+        last = events[-1]
+        body = {"resource": resource, "owner": last.owner, "fencing_token": last.fencing_token,
+                "ttl_ms": getattr(last, "ttl_ms", None)}
+        return (201 if isinstance(command, Acquire) else 200), body
+    if isinstance(command, Release):
+        last = events[-1]
+        return 200, {"resource": resource, "owner": last.owner, "fencing_token": last.fencing_token,
+                     "released": True}
+    if not events:
+        return 200, {"resource": resource, "released": False}
+    last = events[-1]
+    body = {"resource": resource, "released": True, "owner": last.owner, "fencing_token": last.fencing_token,
+            "event": last.type}
+    if isinstance(last, LockForceReleased):
+        body["reason"] = last.reason
+    return 200, body
+
+
+def _metadata(command: str, ctx: CommandContext) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"command": command, "actor": ctx.principal}
+    for key in ("idempotency_key", "correlation_id", "causation_id", "saga_id"):
+        value = getattr(ctx, key)
+        if value is not None:
+            metadata[key] = value
+    return metadata

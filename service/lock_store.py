@@ -1,0 +1,225 @@
+"""The lock stream's unit of work, in two database round trips per command.
+
+1. ``load``: one statement reads the stream head (the ``lock_state`` row), the database clock and any
+   stored outcome of the request's Idempotency-Key.
+2. ``commit``: one statement, hence one short transaction, that
+   - locks the stream head and checks the expected version (the serialization point of the resource),
+   - reads ``clock_timestamp()`` *after* that lock is held and re-checks that a renewed or released lease
+     is still live at that instant,
+   - appends the events (stream version = expected + n; the hash chain is set by a trigger),
+   - updates the inline ``lock_state`` projection,
+   - records the Idempotency-Key with the exact response body,
+   and returns that body. If the version moved or the lease lapsed meanwhile, it writes nothing and
+   returns no row: the caller loads again and decides again.
+
+The SQL is hand-written rather than built with SQLAlchemy because it is the hot path: one prepared
+statement per shape, cached by asyncpg. The tables it touches are defined in ``*/schema.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from domain.events import GRANTING_EVENTS, Event, event_payload
+from domain.state import LockState
+
+LOAD_SQL = """
+SELECT clock_timestamp() AS db_now,
+       s.version, s.status, s.owner, s.fencing_token, s.ttl_ms, s.expires_at, s.ended_by,
+       k.fingerprint, k.status_code, k.response::text AS response
+  FROM (SELECT) AS one
+  LEFT JOIN lock_state AS s ON s.resource = $1::text
+  LEFT JOIN idempotency_keys AS k ON k.principal = $2::text AND k.key = $3::text
+"""
+
+# Serialization point of an existing stream: its head row, locked, at the expected version.
+_EXISTING_HEAD = """
+WITH head AS (
+    SELECT expires_at FROM lock_state
+     WHERE resource = $1::text AND version = $2::bigint
+       FOR UPDATE
+),
+clock AS (
+    SELECT clock_timestamp() AS ts, head.expires_at AS held_until FROM head
+),
+stamped AS (
+    SELECT ts,
+           CASE WHEN $4::integer IS NULL THEN $13::timestamptz
+                ELSE ts + $4::integer * interval '1 millisecond' END AS new_expires_at
+      FROM clock
+     WHERE NOT $3::boolean OR ts < held_until
+),
+projected AS (
+    UPDATE lock_state
+       SET version = $2::bigint + cardinality($5::text[]), status = $9::text, owner = $10::text,
+           fencing_token = $11::bigint, ttl_ms = $12::integer, expires_at = stamped.new_expires_at,
+           ended_by = $14::text,
+           acquired_at = CASE WHEN 'LOCK_ACQUIRED' = ANY($5::text[]) THEN stamped.ts
+                              ELSE lock_state.acquired_at END,
+           updated_at = stamped.ts
+      FROM stamped
+     WHERE lock_state.resource = $1::text
+ RETURNING lock_state.resource
+),"""
+
+# Serialization point of a new stream: inserting its head row; a concurrent creator waits, then loses.
+_NEW_HEAD = """
+WITH stamped AS (
+    SELECT ts,
+           CASE WHEN $4::integer IS NULL THEN $13::timestamptz
+                ELSE ts + $4::integer * interval '1 millisecond' END AS new_expires_at
+      FROM (SELECT clock_timestamp() AS ts) AS clock
+     WHERE $2::bigint = 0 AND NOT $3::boolean
+),
+projected AS (
+    INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at,
+                            ended_by, acquired_at, updated_at)
+    SELECT $1::text, cardinality($5::text[]), $9::text, $10::text, $11::bigint, $12::integer,
+           new_expires_at, $14::text,
+           CASE WHEN 'LOCK_ACQUIRED' = ANY($5::text[]) THEN ts END, ts
+      FROM stamped
+        ON CONFLICT (resource) DO NOTHING
+ RETURNING resource
+),"""
+
+# Shared by both shapes: append the events, record the idempotency key, return the response body.
+_APPEND_TAIL = """
+appended AS (
+    INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata, recorded_at)
+    SELECT $1::text, $2::bigint + e.ord, e.event_id, e.event_type,
+           CASE WHEN $4::integer IS NOT NULL AND e.ord = cardinality($5::text[])
+                THEN e.data || jsonb_build_object('expires_at', stamped.new_expires_at)
+                ELSE e.data END,
+           $8::jsonb, stamped.ts
+      FROM stamped, projected,
+           unnest($5::text[], $6::jsonb[], $7::uuid[]) WITH ORDINALITY AS e(event_type, data, event_id, ord)
+ RETURNING position
+),
+response AS (
+    SELECT CASE WHEN $4::integer IS NULL THEN $19::jsonb
+                ELSE $19::jsonb || jsonb_build_object('expires_at', stamped.new_expires_at) END AS body
+      FROM stamped, projected
+),
+remembered AS (
+    INSERT INTO idempotency_keys (principal, key, fingerprint, resource, status_code, response, created_at)
+    SELECT $15::text, $16::text, $17::bytea, $1::text, $18::smallint, response.body, stamped.ts
+      FROM stamped, response
+     WHERE $16::text IS NOT NULL
+ RETURNING 1
+)
+SELECT stamped.ts, stamped.new_expires_at, response.body::text AS response,
+       (SELECT count(*) FROM appended) AS appended
+  FROM stamped, response
+"""
+
+COMMIT_EXISTING_SQL = _EXISTING_HEAD + _APPEND_TAIL
+COMMIT_NEW_SQL = _NEW_HEAD + _APPEND_TAIL
+
+
+@dataclass(frozen=True, slots=True)
+class StoredOutcome:
+    """What an Idempotency-Key already produced."""
+
+    fingerprint: bytes
+    status_code: int
+    response: str
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    db_now: datetime
+    state: LockState
+    stored: StoredOutcome | None
+
+
+@dataclass(frozen=True, slots=True)
+class Idempotency:
+    principal: str
+    key: str | None
+    fingerprint: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AppendPlan:
+    """A decision ready to be committed: the events, the state they lead to, and the response."""
+
+    expected_version: int
+    events: list[Event]
+    new_state: LockState
+    require_live: bool
+    status_code: int
+    response: dict[str, Any]
+    metadata: dict[str, Any]
+    idempotency: Idempotency
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    recorded_at: datetime
+    expires_at: datetime | None
+    response: str
+
+
+async def load(conn: asyncpg.Connection, resource: str, principal: str, key: str | None) -> Snapshot:
+    row = await conn.fetchrow(LOAD_SQL, resource, principal, key)
+    assert row is not None
+    state = LockState(resource=resource)
+    if row["version"] is not None:
+        state = LockState(
+            resource=resource,
+            version=row["version"],
+            status=row["status"],
+            owner=row["owner"],
+            fencing_token=row["fencing_token"],
+            ttl_ms=row["ttl_ms"],
+            expires_at=row["expires_at"],
+            ended_by=row["ended_by"],
+        )
+    stored = None
+    if row["fingerprint"] is not None:
+        stored = StoredOutcome(bytes(row["fingerprint"]), row["status_code"], row["response"])
+    return Snapshot(db_now=row["db_now"], state=state, stored=stored)
+
+
+async def commit(conn: asyncpg.Connection, plan: AppendPlan) -> Committed | None:
+    """Append the plan in one statement; ``None`` when the stream moved on (decide again)."""
+    granting = plan.events[-1].type in GRANTING_EVENTS
+    payloads = []
+    for index, event in enumerate(plan.events):
+        payload = event_payload(event)
+        if granting and index == len(plan.events) - 1:
+            del payload["expires_at"]  # stamped by the statement from its own clock
+        payloads.append(json.dumps(payload, separators=(",", ":")))
+    new = plan.new_state
+    sql = COMMIT_NEW_SQL if plan.expected_version == 0 else COMMIT_EXISTING_SQL
+    row = await conn.fetchrow(
+        sql,
+        new.resource,
+        plan.expected_version,
+        plan.require_live,
+        new.ttl_ms if granting else None,
+        [event.type for event in plan.events],
+        payloads,
+        [uuid.uuid4() for _ in plan.events],
+        json.dumps(plan.metadata, separators=(",", ":")),
+        new.status,
+        new.owner,
+        new.fencing_token,
+        new.ttl_ms,
+        None if granting else new.expires_at,
+        new.ended_by,
+        plan.idempotency.principal,
+        plan.idempotency.key,
+        plan.idempotency.fingerprint,
+        plan.status_code,
+        json.dumps(plan.response, separators=(",", ":")),
+    )
+    if row is None:
+        return None
+    return Committed(recorded_at=row["ts"], expires_at=row["new_expires_at"], response=row["response"])
