@@ -525,7 +525,7 @@ ALL_EVENTS: list[Event] = [
     LockRenewed(RES, "agent-1", 1, 20_000, T0 + ms(20_123)),
     LockReleased(RES, "agent-1", 1, T0 + ms(20_123)),
     LockExpired(RES, "agent-1", 7, datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)),
-    LockForceReleased(RES, "agent-1", 9, T0 + ms(1), "robot powered off by hand: \u00e9\u00e8 \"quoted\""),
+    LockForceReleased(RES, "agent-1", 9, T0 + ms(1), 'robot powered off by hand: \u00e9\u00e8 "quoted"'),
     LockForceReleased(RES, "agent-1", 9, T0 + ms(1), ""),
 ]
 
@@ -577,7 +577,9 @@ def test_event_payload_fields() -> None:
 
 def test_event_from_payload_rejects_unknown_type() -> None:
     with pytest.raises(ValueError, match="unknown lock event type"):
-        event_from_payload(RES, "LOCK_STOLEN", {"owner": "a", "fencing_token": 1, "expires_at": T0.isoformat()})
+        event_from_payload(
+            RES, "LOCK_STOLEN", {"owner": "a", "fencing_token": 1, "expires_at": T0.isoformat()}
+        )
 
 
 def test_decided_events_round_trip_through_payload_and_fold() -> None:

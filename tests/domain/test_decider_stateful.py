@@ -63,6 +63,12 @@ class Shadow:
     def lapsed(self, now: datetime) -> bool:
         return self.status == "held" and self.expires_at is not None and now >= self.expires_at
 
+    def lease(self) -> tuple[str, int, datetime]:
+        """Owner, token and deadline of the last lease granted (it must exist)."""
+        assert self.holder is not None
+        assert self.expires_at is not None
+        return self.holder, self.token, self.expires_at
+
 
 @dataclass
 class Lock:
@@ -102,12 +108,15 @@ class LockDeciderMachine(RuleBasedStateMachine):
     def run(self, command: Command) -> list[Event] | DomainError:
         lock = self.locks[command.resource]
         before = lock.state
+        error: DomainError | None = None
         try:
             events = decide(lock.state, command, self.now)
         except DomainError as err:
-            assert err.resource == command.resource
+            error = err
+        if error is not None:
+            assert error.resource == command.resource
             assert lock.state is before
-            return err
+            return error
         for event in events:
             assert event.resource == command.resource
             lock.state = evolve(lock.state, event)
@@ -162,7 +171,7 @@ class LockDeciderMachine(RuleBasedStateMachine):
         assert isinstance(result, list), result
         assert not live_before, "acquired while another lease was live"
         if was_lapsed:
-            assert result == [LockExpired(resource, sh.holder or "", sh.token, sh.expires_at or T0)] + result[1:]
+            assert result[0] == LockExpired(resource, *sh.lease())
             token = version + 2
         else:
             token = version + 1
@@ -181,7 +190,9 @@ class LockDeciderMachine(RuleBasedStateMachine):
         arbitrary=st.integers(min_value=-1, max_value=40),
         ttl_ms=st.none() | ttls,
     )
-    def renew(self, resource: str, owner: str, choice: TokenChoice, arbitrary: int, ttl_ms: int | None) -> None:
+    def renew(
+        self, resource: str, owner: str, choice: TokenChoice, arbitrary: int, ttl_ms: int | None
+    ) -> None:
         lock = self.locks[resource]
         sh = lock.shadow
         token = self.pick_token(owner, resource, choice, arbitrary)
@@ -198,7 +209,8 @@ class LockDeciderMachine(RuleBasedStateMachine):
         # Success only for the current owner and token, and only while the lease is live.
         assert owner == sh.holder
         assert token == sh.token
-        assert sh.expires_at is not None and self.now < sh.expires_at, "renewed a lapsed lease"
+        assert sh.expires_at is not None
+        assert self.now < sh.expires_at, "renewed a lapsed lease"
         effective_ttl = ttl_ms if ttl_ms is not None else sh.ttl_ms
         assert effective_ttl is not None
         deadline = self.now + timedelta(milliseconds=effective_ttl)
@@ -226,7 +238,8 @@ class LockDeciderMachine(RuleBasedStateMachine):
         assert isinstance(result, list), result
         assert owner == sh.holder
         assert token == sh.token
-        assert sh.expires_at is not None and self.now < sh.expires_at, "released a lapsed lease"
+        assert sh.expires_at is not None
+        assert self.now < sh.expires_at, "released a lapsed lease"
         assert result == [LockReleased(resource, owner, token, sh.expires_at)]
         sh.status = "released"
 
@@ -239,7 +252,7 @@ class LockDeciderMachine(RuleBasedStateMachine):
         if not lapsed:
             assert result == []
             return
-        assert result == [LockExpired(resource, sh.holder or "", sh.token, sh.expires_at or T0)]
+        assert result == [LockExpired(resource, *sh.lease())]
         sh.status = "expired"
 
     @rule(resource=resources, reason=st.sampled_from(["maintenance", "robot powered off", ""]))
@@ -250,10 +263,10 @@ class LockDeciderMachine(RuleBasedStateMachine):
         result = self.run(ForceRelease(resource, reason))
         assert isinstance(result, list), result
         if live:
-            assert result == [LockForceReleased(resource, sh.holder or "", sh.token, sh.expires_at or T0, reason)]
+            assert result == [LockForceReleased(resource, *sh.lease(), reason)]
             sh.status = "forced"
         elif lapsed:
-            assert result == [LockExpired(resource, sh.holder or "", sh.token, sh.expires_at or T0)]
+            assert result == [LockExpired(resource, *sh.lease())]
             sh.status = "expired"
         else:
             assert result == []

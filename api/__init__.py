@@ -1,0 +1,1 @@
+"""The HTTP API (FastAPI): commands, queries, health, and problem+json errors."""

@@ -1,0 +1,59 @@
+"""The FastAPI application: wires settings, the pool, the lock service and (optionally) the reaper."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from api import commands, health, problems, queries
+from service.config import Settings
+from service.database import create_pool
+from service.lock_service import LockService
+from service.reaper import Reaper
+
+DESCRIPTION = """
+A distributed lock service for fleets of agents, event-sourced on PostgreSQL.
+
+Acquire a lease with `POST /v1/locks/{resource}/acquire`, keep it alive with `renew` (the heartbeat),
+and `release` it. Every success returns a **fencing token** that strictly increases per resource: pass it
+to downstream systems and have them reject older tokens. Send an `Idempotency-Key` header on every command
+so a retry after a timeout never takes a second lock or releases twice.
+
+Errors are `application/problem+json` with a stable `code`.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = await create_pool(settings)
+        app.state.pool = pool
+        app.state.lock_service = LockService(
+            pool, settings.ttl_bounds, conflict_retries=settings.conflict_retries,
+            acquire_timeout_s=settings.pool_acquire_timeout_s,
+        )
+        reaper_task = None
+        reaper = None
+        if settings.reaper_enabled:
+            reaper = Reaper(pool, settings)
+            reaper_task = asyncio.create_task(reaper.run(), name="reaper")
+        try:
+            yield
+        finally:
+            if reaper is not None and reaper_task is not None:
+                reaper.stop()
+                await reaper_task
+            await pool.close()
+
+    app = FastAPI(title="lockledger", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.state.settings = settings
+    problems.install(app)
+    app.include_router(commands.router)
+    app.include_router(queries.router)
+    app.include_router(health.router)
+    return app

@@ -1,0 +1,105 @@
+"""Request and response bodies (pydantic v2): the API's contract, also shown in the OpenAPI at /docs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from domain.resource import OWNER_PATTERN
+
+Owner = Field(pattern=OWNER_PATTERN, min_length=1, max_length=200, description="The agent holding the lease.")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AcquireRequest(_Body):
+    owner: str = Owner
+    ttl_ms: int | None = Field(default=None, description="Lease length; the server default (30 s) if omitted.")
+
+
+class RenewRequest(_Body):
+    owner: str = Owner
+    fencing_token: int = Field(ge=1, le=2**62)
+    ttl_ms: int | None = Field(default=None, description="New lease length; the current one if omitted.")
+
+
+class ReleaseRequest(_Body):
+    owner: str = Owner
+    fencing_token: int = Field(ge=1, le=2**62)
+
+
+class ForceReleaseRequest(_Body):
+    reason: str = Field(min_length=1, max_length=1000, description="Why an operator ended the lease.")
+
+
+class Lease(BaseModel):
+    resource: str
+    owner: str
+    fencing_token: int = Field(description="Pass it to every downstream write; reject writes with older ones.")
+    expires_at: datetime = Field(description="Deadline by the database clock.")
+    ttl_ms: int
+
+
+class Released(BaseModel):
+    resource: str
+    owner: str
+    fencing_token: int
+    released: bool
+
+
+class ForceReleased(BaseModel):
+    resource: str
+    released: bool
+    owner: str | None = None
+    fencing_token: int | None = None
+    event: str | None = None
+    reason: str | None = None
+
+
+class LockInfo(BaseModel):
+    resource: str
+    status: str = Field(description="held, free, or expired (deadline passed, LOCK_EXPIRED not yet appended).")
+    owner: str | None
+    fencing_token: int
+    ttl_ms: int | None
+    expires_at: datetime | None
+    acquired_at: datetime | None
+    updated_at: datetime
+    version: int
+    ended_by: str | None
+
+
+class LockList(BaseModel):
+    items: list[LockInfo]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+class HistoryEvent(BaseModel):
+    position: int
+    version: int
+    event_id: str
+    type: str
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    recorded_at: datetime
+
+
+class History(BaseModel):
+    resource: str
+    events: list[HistoryEvent]
+    next_after_version: int | None
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details; ``code`` is stable and machine-readable."""
+
+    type: str
+    title: str
+    status: int
+    code: str
+    detail: str
+    instance: str | None = None

@@ -1,0 +1,131 @@
+"""RFC 9457 problem+json responses with a stable machine-readable ``code``.
+
+Every failure a client can see goes through here, so no input, however malformed, yields an HTML page or
+an unstructured 500.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
+from service.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, ServiceError, Unavailable
+
+log = structlog.get_logger("lockledger.api")
+
+PROBLEM_JSON = "application/problem+json"
+
+_TITLES = {
+    "lock_held": "Lock held",
+    "not_holder": "Not the holder",
+    "lease_expired": "Lease expired",
+    "idempotency_key_reused": "Idempotency-Key reused",
+    "idempotency_key_in_progress": "Idempotency-Key in progress",
+    "validation_error": "Validation error",
+    "not_found": "Not found",
+    "method_not_allowed": "Method not allowed",
+    "unauthorized": "Unauthorized",
+    "forbidden": "Forbidden",
+    "unavailable": "Service unavailable",
+    "internal_error": "Internal error",
+}
+
+_STATUS = {
+    LockHeld: 409,
+    NotHolder: 409,
+    LeaseExpired: 410,
+    InvalidCommand: 422,
+    IdempotencyKeyReused: 422,
+    IdempotencyKeyInProgress: 409,
+    Unavailable: 503,
+}
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def problem(
+    status: int,
+    code: str,
+    detail: str,
+    *,
+    instance: str | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> Response:
+    body: dict[str, Any] = {
+        "type": f"urn:lockledger:problem:{code}",
+        "title": _TITLES.get(code, code.replace("_", " ").capitalize()),
+        "status": status,
+        "code": code,
+        "detail": detail,
+    }
+    if instance:
+        body["instance"] = instance
+    body.update(extra)
+    return Response(
+        json.dumps(body, default=_default), status_code=status, media_type=PROBLEM_JSON, headers=headers
+    )
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every exception into problem+json."""
+
+    @app.exception_handler(DomainError)
+    async def domain_error(request: Request, error: DomainError) -> Response:
+        extra: dict[str, Any] = {"resource": error.resource}
+        if isinstance(error, LockHeld):
+            extra.update(holder=error.holder, expires_at=error.expires_at, fencing_token=error.fencing_token)
+        if isinstance(error, LeaseExpired):
+            extra.update(expired_at=error.expired_at)
+        return problem(_STATUS.get(type(error), 409), error.code, error.detail, instance=request.url.path, **extra)
+
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, error: ServiceError) -> Response:
+        headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Unavailable) else None
+        return problem(_STATUS.get(type(error), 409), error.code, error.detail, instance=request.url.path,
+                       headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> Response:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in error.errors()
+        ]
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors) or "invalid request"
+        return problem(422, "validation_error", detail, instance=request.url.path, errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}.get(
+            error.status_code, "validation_error" if 400 <= error.status_code < 500 else "internal_error"
+        )
+        return problem(error.status_code, code, str(error.detail), instance=request.url.path,
+                       headers=getattr(error, "headers", None))
+
+    async def database_unavailable(request: Request, error: Exception) -> Response:
+        log.warning("database unavailable", error=repr(error), path=request.url.path)
+        return problem(503, "unavailable", "the database is not answering; retry shortly",
+                       instance=request.url.path, headers={"Retry-After": "1"})
+
+    for error_type in (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                       asyncpg.QueryCanceledError, asyncpg.CannotConnectNowError,
+                       asyncpg.TooManyConnectionsError):
+        app.add_exception_handler(error_type, database_unavailable)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> Response:
+        log.exception("unhandled error", path=request.url.path)
+        return problem(500, "internal_error", "an unexpected error occurred", instance=request.url.path)

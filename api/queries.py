@@ -1,0 +1,54 @@
+"""Query endpoints for dashboards: current locks, one lock, a lock's history."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request
+
+from api.dependencies import ResourcePath
+from api.models import History, HistoryEvent, LockInfo, LockList
+from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
+from projections import queries
+
+router = APIRouter(prefix="/v1/locks", tags=["queries"])
+
+
+@router.get("", response_model=LockList)
+async def list_locks(
+    request: Request,
+    holder: Annotated[str | None, Query(pattern=OWNER_PATTERN, max_length=200)] = None,
+    prefix: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9._:\-]{0,200}$")] = None,
+    expiring_within_ms: Annotated[int | None, Query(ge=0, le=86_400_000)] = None,
+    cursor: Annotated[str | None, Query(pattern=RESOURCE_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> LockList:
+    """Live leases, by resource. Filter by holder, resource prefix, or deadline within the next N ms."""
+    async with request.app.state.pool.acquire() as conn:
+        page = await queries.list_locks(conn, holder=holder, prefix=prefix,
+                                        expiring_within_ms=expiring_within_ms, cursor=cursor, limit=limit)
+    return LockList(items=[LockInfo(**v.as_json()) for v in page.items], next_cursor=page.next_cursor)
+
+
+@router.get("/{resource}", response_model=LockInfo, responses={404: {"description": "never locked"}})
+async def get_lock(resource: ResourcePath, request: Request) -> LockInfo:
+    async with request.app.state.pool.acquire() as conn:
+        view = await queries.get_lock(conn, resource)
+    if view is None:
+        raise HTTPException(404, f"{resource} has never been locked")
+    return LockInfo(**view.as_json())
+
+
+@router.get("/{resource}/history", response_model=History)
+async def history(
+    resource: ResourcePath,
+    request: Request,
+    after_version: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> History:
+    """The resource's events in order; page with `after_version`."""
+    async with request.app.state.pool.acquire() as conn:
+        entries = await queries.history(conn, resource, after_version=after_version, limit=limit)
+    items = [HistoryEvent(**e.as_json()) for e in entries]
+    next_after = items[-1].version if len(items) == limit else None
+    return History(resource=resource, events=items, next_after_version=next_after)

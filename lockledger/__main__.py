@@ -1,0 +1,3 @@
+from lockledger.cli import app
+
+app()

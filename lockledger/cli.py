@@ -1,0 +1,166 @@
+"""The `lockledger` command: serve, reaper, migrate, rebuild, verify.
+
+Server packages are imported inside each command, so `lockledger --help` stays fast and the SDK part of
+this package never needs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from lockledger.dburl import DATABASE_URL_ENV, database_url_from_env
+
+app = typer.Typer(no_args_is_help=True, help="lockledger: leases with fencing tokens, on an event log.")
+console = Console(stderr=True)
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option(help="Data directory of the embedded PostgreSQL used when no database URL is set."),
+]
+DatabaseUrl = Annotated[
+    str | None, typer.Option("--database-url", envvar=DATABASE_URL_ENV, help="PostgreSQL URL.")
+]
+
+
+def _resolve_database(database_url: str | None, data_dir: Path | None) -> tuple[str, bool]:
+    """The database URL to use, starting the embedded server when none is given."""
+    if database_url:
+        return database_url, False
+    from lockledger import embedded
+
+    console.print("[yellow]No LOCKLEDGER_DATABASE_URL: starting the embedded PostgreSQL "
+                  f"in {data_dir or embedded.default_data_dir()}[/yellow]")
+    server = embedded.start(data_dir)
+    return server.ensure_database(), True
+
+
+def _migrate(url: str) -> None:
+    from lockledger.migrate import upgrade
+
+    upgrade(url)
+    console.print("[green]schema migrated to head[/green]")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+    migrate: Annotated[
+        bool | None, typer.Option(help="Migrate before serving (default: only for the embedded server).")
+    ] = None,
+    reaper: Annotated[bool, typer.Option(help="Run the reaper inside the server.")] = True,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+) -> None:
+    """Serve the HTTP API (and the reaper). Without a database URL, an embedded PostgreSQL is started."""
+    import uvicorn
+
+    from api.app import create_app
+    from service.config import Settings
+
+    url, embedded = _resolve_database(database_url, data_dir)
+    if migrate if migrate is not None else embedded:
+        _migrate(url)
+    settings = Settings(database_url=url, reaper_enabled=reaper)
+    base = f"http://{host}:{port}"
+    console.print(f"[bold]lockledger[/bold] serving on {base}")
+    console.print(f"  API docs (Swagger UI): {base}/docs")
+    console.print(f"  API docs (ReDoc):      {base}/redoc")
+    console.print(f"  OpenAPI schema:        {base}/openapi.json")
+    console.print(f"  health: {base}/healthz  readiness: {base}/readyz  metrics: {base}/metrics")
+    if embedded:
+        console.print("[bold yellow]DEV MODE: embedded database, no authentication. Do not expose this port."
+                      "[/bold yellow]")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
+
+
+@app.command("reaper")
+def run_reaper(database_url: DatabaseUrl = None) -> None:
+    """Run a standalone reaper (several may run at once; they share the work)."""
+    from service.config import Settings
+    from service.database import create_pool
+    from service.reaper import Reaper
+
+    if not database_url:
+        console.print(f"[red]set {DATABASE_URL_ENV} or --database-url[/red]")
+        raise typer.Exit(2)
+
+    async def main() -> None:
+        settings = Settings(database_url=database_url)
+        pool = await create_pool(settings)
+        reaper = Reaper(pool, settings)
+        console.print(f"reaper {reaper.reaper_id} running; Ctrl-C to stop")
+        try:
+            await reaper.run()
+        finally:
+            await pool.close()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def migrate(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+    """Create or upgrade the schema (tables, triggers, the service role's grants)."""
+    url, _ = _resolve_database(database_url, data_dir)
+    _migrate(url)
+
+
+@app.command()
+def rebuild(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+    """Rebuild the lock_state projection from the event log (run as the schema owner)."""
+    import asyncpg
+
+    from lockledger.dburl import asyncpg_dsn
+    from projections.rebuild import rebuild_lock_state
+
+    url, _ = _resolve_database(database_url, data_dir)
+
+    async def main() -> int:
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:
+            return await rebuild_lock_state(conn)
+        finally:
+            await conn.close()
+
+    rows = asyncio.run(main())
+    console.print(f"[green]lock_state rebuilt from the log: {rows} resources[/green]")
+
+
+@app.command()
+def verify(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+    """Recompute every stream's hash chain; exit 1 and name the first broken link if any."""
+    import asyncpg
+
+    from eventstore.verify import verify_chains
+    from lockledger.dburl import asyncpg_dsn
+
+    url, _ = _resolve_database(database_url, data_dir)
+
+    async def main() -> int:
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:
+            report = await verify_chains(conn, progress=lambda n: console.print(f"  {n:,} events verified"))
+        finally:
+            await conn.close()
+        if report.broken:
+            link = report.broken
+            console.print(f"[red]BROKEN: stream {link.stream_id} version {link.version}: {link.reason}[/red]")
+            return 1
+        console.print(f"[green]OK: {report.events:,} events in {report.streams:,} streams, chains intact[/green]")
+        return 0
+
+    sys.exit(asyncio.run(main()))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,161 @@
+"""Read-side queries for dashboards: one lock, current locks with filters, and a lock's history."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+from sqlalchemy import and_, func, select
+
+from eventstore.schema import events
+from projections.schema import lock_state
+from projections.sql import compile_query
+
+
+@dataclass(frozen=True, slots=True)
+class LockView:
+    """A lock as a dashboard shows it. ``status`` is ``held``, ``free``, or ``expired`` for a lease whose
+    deadline passed but whose ``LOCK_EXPIRED`` the reaper has not appended yet (it is not live)."""
+
+    resource: str
+    status: str
+    owner: str | None
+    fencing_token: int
+    ttl_ms: int | None
+    expires_at: datetime | None
+    acquired_at: datetime | None
+    updated_at: datetime
+    version: int
+    ended_by: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource,
+            "status": self.status,
+            "owner": self.owner,
+            "fencing_token": self.fencing_token,
+            "ttl_ms": self.ttl_ms,
+            "expires_at": self.expires_at,
+            "acquired_at": self.acquired_at,
+            "updated_at": self.updated_at,
+            "version": self.version,
+            "ended_by": self.ended_by,
+        }
+
+
+def _view(row: asyncpg.Record, now: datetime) -> LockView:
+    status = row["status"]
+    if status == "held" and row["expires_at"] <= now:
+        status = "expired"
+    return LockView(
+        resource=row["resource"],
+        status=status,
+        owner=row["owner"],
+        fencing_token=row["fencing_token"],
+        ttl_ms=row["ttl_ms"],
+        expires_at=row["expires_at"],
+        acquired_at=row["acquired_at"],
+        updated_at=row["updated_at"],
+        version=row["version"],
+        ended_by=row["ended_by"],
+    )
+
+
+async def get_lock(conn: asyncpg.Connection, resource: str) -> LockView | None:
+    sql, params = compile_query(
+        select(lock_state, func.clock_timestamp().label("db_now")).where(lock_state.c.resource == resource)
+    )
+    row = await conn.fetchrow(sql, *params)
+    return None if row is None else _view(row, row["db_now"])
+
+
+@dataclass(frozen=True, slots=True)
+class LockPage:
+    items: list[LockView]
+    next_cursor: str | None
+
+
+async def list_locks(
+    conn: asyncpg.Connection,
+    *,
+    holder: str | None = None,
+    prefix: str | None = None,
+    expiring_within_ms: int | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> LockPage:
+    """Live leases (held, deadline ahead), ordered by resource; ``cursor`` is the last resource seen."""
+    now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+    conditions = [lock_state.c.status == "held", lock_state.c.expires_at > now]
+    if holder is not None:
+        conditions.append(lock_state.c.owner == holder)
+    if prefix:
+        conditions.append(lock_state.c.resource.startswith(prefix, autoescape=True))
+    if expiring_within_ms is not None:
+        conditions.append(lock_state.c.expires_at <= now + timedelta(milliseconds=expiring_within_ms))
+    if cursor is not None:
+        conditions.append(lock_state.c.resource > cursor)
+    sql, params = compile_query(
+        select(lock_state).where(and_(*conditions)).order_by(lock_state.c.resource).limit(limit + 1)
+    )
+    rows = await conn.fetch(sql, *params)
+    items = [_view(row, now) for row in rows[:limit]]
+    next_cursor = items[-1].resource if len(rows) > limit else None
+    return LockPage(items, next_cursor)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    position: int
+    version: int
+    event_id: str
+    type: str
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    recorded_at: datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "version": self.version,
+            "event_id": self.event_id,
+            "type": self.type,
+            "data": self.data,
+            "metadata": self.metadata,
+            "recorded_at": self.recorded_at,
+        }
+
+
+async def history(
+    conn: asyncpg.Connection, resource: str, *, after_version: int = 0, limit: int = 100
+) -> list[HistoryEntry]:
+    sql, params = compile_query(
+        select(
+            events.c.position,
+            events.c.stream_version,
+            events.c.event_id,
+            events.c.event_type,
+            events.c.data,
+            events.c.metadata,
+            events.c.recorded_at,
+        )
+        .where(and_(events.c.stream_id == resource, events.c.stream_version > after_version))
+        .order_by(events.c.stream_version)
+        .limit(limit)
+    )
+    rows = await conn.fetch(sql, *params)
+    return [
+        HistoryEntry(
+            position=row["position"],
+            version=row["stream_version"],
+            event_id=str(row["event_id"]),
+            type=row["event_type"],
+            data=json.loads(row["data"]),
+            metadata=json.loads(row["metadata"]),
+            recorded_at=row["recorded_at"],
+        )
+        for row in rows
+    ]

@@ -1,0 +1,196 @@
+"""Shared fixtures: a real PostgreSQL for every storage test, and a real HTTP server for end-to-end tests.
+
+PostgreSQL comes from ``LOCKLEDGER_TEST_DATABASE_URL`` when set (a fresh database is created on that
+server for this run and dropped after it), otherwise from the embedded server in a temporary directory.
+Events cannot be deleted (that is the point), so tests isolate themselves by resource name, not by
+truncation: use the ``resource`` fixture or ``unique_prefix``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from lockledger.dburl import asyncpg_dsn
+from lockledger.migrate import upgrade
+from service.config import Settings
+from service.database import create_pool
+from service.lock_service import LockService
+
+TEST_DATABASE_URL_ENV = "LOCKLEDGER_TEST_DATABASE_URL"
+
+
+@dataclass
+class TestDatabase:
+    url: str
+    postgres_pid: int | None  # the embedded server's postmaster, for fault tests; None for an external one
+
+
+def _replace_database(url: str, database: str) -> str:
+    """The same server URL pointing at another database (handles ``?host=`` socket URLs)."""
+    head, sep, query = url.partition("?")
+    scheme_host, _, _ = head.rpartition("/")
+    return f"{scheme_host}/{database}{sep}{query}"
+
+
+@pytest.fixture(scope="session")
+def test_database() -> Iterator[TestDatabase]:
+    external = os.environ.get(TEST_DATABASE_URL_ENV)
+    name = f"lockledger_test_{uuid.uuid4().hex[:10]}"
+    if external:
+        _run_admin(external, f'CREATE DATABASE "{name}"')
+        url = _replace_database(external, name)
+        upgrade(url)
+        try:
+            yield TestDatabase(url, None)
+        finally:
+            _run_admin(external, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        return
+    from lockledger.embedded import start
+
+    server = start(Path(tempfile.mkdtemp(prefix="lockledger-test-")) / "pgdata", delete_on_stop=True)
+    try:
+        url = server.ensure_database(name)
+        upgrade(url)
+        yield TestDatabase(url, server.pid)
+    finally:
+        server.stop()
+
+
+def _run_admin(url: str, sql: str) -> None:
+    import asyncio
+
+    async def run() -> None:
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+@pytest.fixture(scope="session")
+def database_url(test_database: TestDatabase) -> str:
+    return test_database.url
+
+
+@pytest.fixture(scope="session")
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url, reaper_enabled=False)
+
+
+@pytest.fixture(scope="session")
+async def service_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
+    """A pool running as the least-privileged service role, as the server does."""
+    pool = await create_pool(settings)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture(scope="session")
+async def admin_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
+    """A pool as the schema owner, for inspection and for operations the service may not do."""
+    pool = await create_pool(settings, role="")
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture(scope="session")
+def lock_service(service_pool: asyncpg.Pool, settings: Settings) -> LockService:
+    return LockService(service_pool, settings.ttl_bounds, conflict_retries=settings.conflict_retries)
+
+
+@pytest.fixture
+def unique_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture
+def resource(unique_prefix: str) -> str:
+    return f"{unique_prefix}zone"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """A `lockledger serve` subprocess on 127.0.0.1; restartable for crash tests."""
+
+    database_url: str
+    port: int
+    env_overrides: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        env = {**os.environ, "LOCKLEDGER_DATABASE_URL": self.database_url, **self.env_overrides}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "lockledger", "serve", "--port", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"lockledger serve exited with {self.process.returncode}")
+            try:
+                if httpx.get(f"{self.base_url}/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("lockledger serve did not become ready")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook runs, in-flight requests die mid-way."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def server(database_url: str) -> Iterator[ServerProcess]:
+    """One real HTTP server with its reaper, shared by the end-to-end tests."""
+    proc = ServerProcess(database_url, free_port(), {"LOCKLEDGER_REAPER_INTERVAL_MS": "100"})
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+async def http(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0, limits=limits) as client:
+        yield client
