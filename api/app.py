@@ -34,7 +34,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pool = await create_pool(settings)
         app.state.pool = pool
         app.state.lock_service = LockService(
-            pool, settings.ttl_bounds, conflict_retries=settings.conflict_retries,
+            pool,
+            settings.ttl_bounds,
+            conflict_retries=settings.conflict_retries,
             acquire_timeout_s=settings.pool_acquire_timeout_s,
         )
         reaper_task = None

@@ -34,13 +34,15 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 async def _run(service: LockService, command: Command, ctx: CommandContext) -> Response:
     result = await service.execute(command, ctx)
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
-    return Response(result.body, status_code=result.status_code, media_type="application/json", headers=headers)
+    return Response(
+        result.body, status_code=result.status_code, media_type="application/json", headers=headers
+    )
 
 
-@router.post("/{resource}/acquire", status_code=201, response_model=Lease,
-             responses=_problems(409, 422, 503))
-async def acquire(resource: ResourcePath, body: AcquireRequest, request: Request, ctx: Context,
-                  service: Service) -> Response:
+@router.post("/{resource}/acquire", status_code=201, response_model=Lease, responses=_problems(409, 422, 503))
+async def acquire(
+    resource: ResourcePath, body: AcquireRequest, request: Request, ctx: Context, service: Service
+) -> Response:
     """Take the lock for `ttl_ms`. 409 `lock_held` names the holder and its deadline."""
     ttl_ms = body.ttl_ms if body.ttl_ms is not None else request.app.state.settings.ttl_default_ms
     return await _run(service, Acquire(resource, body.owner, ttl_ms), ctx)
@@ -59,7 +61,8 @@ async def release(resource: ResourcePath, body: ReleaseRequest, ctx: Context, se
 
 
 @router.post("/{resource}/force-release", response_model=ForceReleased, responses=_problems(422, 503))
-async def force_release(resource: ResourcePath, body: ForceReleaseRequest, ctx: Context,
-                        service: Service) -> Response:
+async def force_release(
+    resource: ResourcePath, body: ForceReleaseRequest, ctx: Context, service: Service
+) -> Response:
     """Admin: end whatever lease is live, recording why. A free lock is left as it is (`released: false`)."""
     return await _run(service, ForceRelease(resource, body.reason), ctx)

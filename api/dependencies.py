@@ -12,16 +12,24 @@ from service.lock_service import CommandContext, LockService
 
 ResourcePath = Annotated[
     str,
-    Path(pattern=RESOURCE_PATTERN, min_length=1, max_length=200,
-         description="Resource id, e.g. `pallet:42` or `zone:A3` (1-200 of `[A-Za-z0-9._:-]`)."),
+    Path(
+        pattern=RESOURCE_PATTERN,
+        min_length=1,
+        max_length=200,
+        description="Resource id, e.g. `pallet:42` or `zone:A3` (1-200 of `[A-Za-z0-9._:-]`).",
+    ),
 ]
 
 
 def command_context(
     idempotency_key: Annotated[
         str | None,
-        Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_LENGTH,
-               description="Retry-safe key: the same key and request return the stored response."),
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=MAX_KEY_LENGTH,
+            description="Retry-safe key: the same key and request return the stored response.",
+        ),
     ] = None,
     correlation_id: Annotated[str | None, Header(alias="X-Correlation-ID", max_length=200)] = None,
     causation_id: Annotated[str | None, Header(alias="X-Causation-ID", max_length=200)] = None,

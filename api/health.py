@@ -27,8 +27,9 @@ async def readyz(request: Request) -> Response:
             async with request.app.state.pool.acquire() as conn:
                 await conn.fetchval("SELECT 1")
     except Exception as error:  # any failure to reach the database means not ready
-        return problem(503, "unavailable", f"database not ready: {type(error).__name__}",
-                       headers={"Retry-After": "1"})
+        return problem(
+            503, "unavailable", f"database not ready: {type(error).__name__}", headers={"Retry-After": "1"}
+        )
     return JSONResponse({"status": "ready"})
 
 

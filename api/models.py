@@ -18,7 +18,9 @@ class _Body(BaseModel):
 
 class AcquireRequest(_Body):
     owner: str = Owner
-    ttl_ms: int | None = Field(default=None, description="Lease length; the server default (30 s) if omitted.")
+    ttl_ms: int | None = Field(
+        default=None, description="Lease length; the server default (30 s) if omitted."
+    )
 
 
 class RenewRequest(_Body):
@@ -39,7 +41,9 @@ class ForceReleaseRequest(_Body):
 class Lease(BaseModel):
     resource: str
     owner: str
-    fencing_token: int = Field(description="Pass it to every downstream write; reject writes with older ones.")
+    fencing_token: int = Field(
+        description="Pass it to every downstream write; reject writes with older ones."
+    )
     expires_at: datetime = Field(description="Deadline by the database clock.")
     ttl_ms: int
 
@@ -62,7 +66,9 @@ class ForceReleased(BaseModel):
 
 class LockInfo(BaseModel):
     resource: str
-    status: str = Field(description="held, free, or expired (deadline passed, LOCK_EXPIRED not yet appended).")
+    status: str = Field(
+        description="held, free, or expired (deadline passed, LOCK_EXPIRED not yet appended)."
+    )
     owner: str | None
     fencing_token: int
     ttl_ms: int | None

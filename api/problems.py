@@ -90,13 +90,20 @@ def install(app: FastAPI) -> None:
             extra.update(holder=error.holder, expires_at=error.expires_at, fencing_token=error.fencing_token)
         if isinstance(error, LeaseExpired):
             extra.update(expired_at=error.expired_at)
-        return problem(_STATUS.get(type(error), 409), error.code, error.detail, instance=request.url.path, **extra)
+        return problem(
+            _STATUS.get(type(error), 409), error.code, error.detail, instance=request.url.path, **extra
+        )
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, error: ServiceError) -> Response:
         headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Unavailable) else None
-        return problem(_STATUS.get(type(error), 409), error.code, error.detail, instance=request.url.path,
-                       headers=headers)
+        return problem(
+            _STATUS.get(type(error), 409),
+            error.code,
+            error.detail,
+            instance=request.url.path,
+            headers=headers,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> Response:
@@ -104,7 +111,10 @@ def install(app: FastAPI) -> None:
             {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
             for e in error.errors()
         ]
-        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors) or "invalid request"
+        detail = (
+            "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
+            or "invalid request"
+        )
         return problem(422, "validation_error", detail, instance=request.url.path, errors=errors)
 
     @app.exception_handler(StarletteHTTPException)
@@ -112,17 +122,33 @@ def install(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}.get(
             error.status_code, "validation_error" if 400 <= error.status_code < 500 else "internal_error"
         )
-        return problem(error.status_code, code, str(error.detail), instance=request.url.path,
-                       headers=getattr(error, "headers", None))
+        return problem(
+            error.status_code,
+            code,
+            str(error.detail),
+            instance=request.url.path,
+            headers=getattr(error, "headers", None),
+        )
 
     async def database_unavailable(request: Request, error: Exception) -> Response:
         log.warning("database unavailable", error=repr(error), path=request.url.path)
-        return problem(503, "unavailable", "the database is not answering; retry shortly",
-                       instance=request.url.path, headers={"Retry-After": "1"})
+        return problem(
+            503,
+            "unavailable",
+            "the database is not answering; retry shortly",
+            instance=request.url.path,
+            headers={"Retry-After": "1"},
+        )
 
-    for error_type in (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                       asyncpg.QueryCanceledError, asyncpg.CannotConnectNowError,
-                       asyncpg.TooManyConnectionsError):
+    for error_type in (
+        OSError,
+        TimeoutError,
+        asyncpg.PostgresConnectionError,
+        asyncpg.InterfaceError,
+        asyncpg.QueryCanceledError,
+        asyncpg.CannotConnectNowError,
+        asyncpg.TooManyConnectionsError,
+    ):
         app.add_exception_handler(error_type, database_unavailable)
 
     @app.exception_handler(Exception)

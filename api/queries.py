@@ -25,8 +25,14 @@ async def list_locks(
 ) -> LockList:
     """Live leases, by resource. Filter by holder, resource prefix, or deadline within the next N ms."""
     async with request.app.state.pool.acquire() as conn:
-        page = await queries.list_locks(conn, holder=holder, prefix=prefix,
-                                        expiring_within_ms=expiring_within_ms, cursor=cursor, limit=limit)
+        page = await queries.list_locks(
+            conn,
+            holder=holder,
+            prefix=prefix,
+            expiring_within_ms=expiring_within_ms,
+            cursor=cursor,
+            limit=limit,
+        )
     return LockList(items=[LockInfo(**v.as_json()) for v in page.items], next_cursor=page.next_cursor)
 
 

@@ -55,7 +55,8 @@ def decide(
         if state.is_lapsed(now):
             return [_expiry(state)]
         if state.is_live(now):
-            assert state.owner is not None and state.expires_at is not None
+            assert state.owner is not None
+            assert state.expires_at is not None
             return [
                 LockForceReleased(
                     state.resource, state.owner, state.fencing_token, state.expires_at, command.reason
@@ -98,7 +99,8 @@ def fold(state: LockState, events: list[Event]) -> LockState:
 
 def _acquire(state: LockState, command: Acquire, now: datetime) -> list[Event]:
     if state.is_live(now):
-        assert state.owner is not None and state.expires_at is not None
+        assert state.owner is not None
+        assert state.expires_at is not None
         raise LockHeld(state.resource, state.owner, state.expires_at, state.fencing_token)
     events: list[Event] = []
     if state.is_lapsed(now):
@@ -106,7 +108,9 @@ def _acquire(state: LockState, command: Acquire, now: datetime) -> list[Event]:
     # The token is the stream version of the LOCK_ACQUIRED event: strictly increasing per resource,
     # and assigned by the same expected-version check that serializes the decision.
     token = state.version + len(events) + 1
-    events.append(LockAcquired(state.resource, command.owner, token, command.ttl_ms, _deadline(now, command.ttl_ms)))
+    events.append(
+        LockAcquired(state.resource, command.owner, token, command.ttl_ms, _deadline(now, command.ttl_ms))
+    )
     return events
 
 
@@ -122,7 +126,8 @@ def _check_holder(state: LockState, owner: str, token: int, now: datetime) -> No
 
 
 def _expiry(state: LockState) -> LockExpired:
-    assert state.owner is not None and state.expires_at is not None
+    assert state.owner is not None
+    assert state.expires_at is not None
     return LockExpired(state.resource, state.owner, state.fencing_token, state.expires_at)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import asyncpg
+from eventstore.connection import Connection
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -23,8 +23,16 @@ SELECT stream_id, stream_version, event_id::text AS event_id, event_type, data::
 """
 
 
-def event_hash(previous: bytes, stream_id: str, version: int, event_id: str, event_type: str, data: str,
-               metadata: str, recorded_at: datetime) -> bytes:
+def event_hash(
+    previous: bytes,
+    stream_id: str,
+    version: int,
+    event_id: str,
+    event_type: str,
+    data: str,
+    metadata: str,
+    recorded_at: datetime,
+) -> bytes:
     micros = (recorded_at - _EPOCH) // _MICROSECOND
     text = "|".join([stream_id, str(version), event_id, event_type, data, metadata, str(micros)])
     return hashlib.sha256(previous + text.encode()).digest()
@@ -52,7 +60,7 @@ class VerifyReport:
 
 
 async def verify_chains(
-    conn: asyncpg.Connection, progress: Callable[[int], None] | None = None, batch: int = 10_000
+    conn: Connection, progress: Callable[[int], None] | None = None, batch: int = 10_000
 ) -> VerifyReport:
     """Walk every stream in version order; stop at the first event whose hash does not match."""
     count = streams = 0
@@ -66,13 +74,29 @@ async def verify_chains(
                 streams += 1
             expected_version += 1
             if row["stream_version"] != expected_version:
-                return VerifyReport(count, streams, BrokenLink(
-                    row["stream_id"], expected_version, f"version {expected_version} is missing"))
-            digest = event_hash(previous, row["stream_id"], row["stream_version"], row["event_id"],
-                                row["event_type"], row["data"], row["metadata"], row["recorded_at"])
+                return VerifyReport(
+                    count,
+                    streams,
+                    BrokenLink(row["stream_id"], expected_version, f"version {expected_version} is missing"),
+                )
+            digest = event_hash(
+                previous,
+                row["stream_id"],
+                row["stream_version"],
+                row["event_id"],
+                row["event_type"],
+                row["data"],
+                row["metadata"],
+                row["recorded_at"],
+            )
             if digest != bytes(row["hash"]):
-                return VerifyReport(count, streams, BrokenLink(
-                    row["stream_id"], row["stream_version"], "hash does not match the event's content"))
+                return VerifyReport(
+                    count,
+                    streams,
+                    BrokenLink(
+                        row["stream_id"], row["stream_version"], "hash does not match the event's content"
+                    ),
+                )
             previous = digest
             count += 1
             if progress is not None and count % batch == 0:

@@ -7,6 +7,7 @@ this package never needs them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -14,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from lockledger.dburl import DATABASE_URL_ENV, database_url_from_env
+from lockledger.dburl import DATABASE_URL_ENV
 
 app = typer.Typer(no_args_is_help=True, help="lockledger: leases with fencing tokens, on an event log.")
 console = Console(stderr=True)
@@ -34,8 +35,10 @@ def _resolve_database(database_url: str | None, data_dir: Path | None) -> tuple[
         return database_url, False
     from lockledger import embedded
 
-    console.print("[yellow]No LOCKLEDGER_DATABASE_URL: starting the embedded PostgreSQL "
-                  f"in {data_dir or embedded.default_data_dir()}[/yellow]")
+    console.print(
+        "[yellow]No LOCKLEDGER_DATABASE_URL: starting the embedded PostgreSQL "
+        f"in {data_dir or embedded.default_data_dir()}[/yellow]"
+    )
     server = embedded.start(data_dir)
     return server.ensure_database(), True
 
@@ -76,8 +79,10 @@ def serve(
     console.print(f"  OpenAPI schema:        {base}/openapi.json")
     console.print(f"  health: {base}/healthz  readiness: {base}/readyz  metrics: {base}/metrics")
     if embedded:
-        console.print("[bold yellow]DEV MODE: embedded database, no authentication. Do not expose this port."
-                      "[/bold yellow]")
+        console.print(
+            "[bold yellow]DEV MODE: embedded database, no authentication. Do not expose this port."
+            "[/bold yellow]"
+        )
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
 
 
@@ -102,10 +107,8 @@ def run_reaper(database_url: DatabaseUrl = None) -> None:
         finally:
             await pool.close()
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
 
 
 @app.command()
@@ -156,7 +159,9 @@ def verify(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
             link = report.broken
             console.print(f"[red]BROKEN: stream {link.stream_id} version {link.version}: {link.reason}[/red]")
             return 1
-        console.print(f"[green]OK: {report.events:,} events in {report.streams:,} streams, chains intact[/green]")
+        console.print(
+            f"[green]OK: {report.events:,} events in {report.streams:,} streams, chains intact[/green]"
+        )
         return 0
 
     sys.exit(asyncio.run(main()))

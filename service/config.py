@@ -27,12 +27,16 @@ class Settings(BaseSettings):
     ttl_min_ms: int = 1_000
     ttl_max_ms: int = 3_600_000
     ttl_default_ms: int = 30_000
-    conflict_retries: int = Field(default=16, description="Re-decisions after losing an expected-version race.")
+    conflict_retries: int = Field(
+        default=16, description="Re-decisions after losing an expected-version race."
+    )
 
     idempotency_retention_s: int = Field(default=86_400, description="How long Idempotency-Keys are kept.")
 
     reaper_enabled: bool = Field(default=True, description="Run the reaper inside `serve`.")
-    reaper_interval_ms: int = Field(default=200, description="Pause between reaper passes that found nothing.")
+    reaper_interval_ms: int = Field(
+        default=200, description="Pause between reaper passes that found nothing."
+    )
     reaper_batch_size: int = 1_000
     idempotency_purge_batch: int = 5_000
 

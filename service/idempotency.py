@@ -7,8 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-
+from eventstore.connection import Connection
 from service.errors import IdempotencyKeyReused
 from service.lock_store import StoredOutcome
 
@@ -43,7 +42,7 @@ def replay(stored: StoredOutcome, request_fingerprint: bytes) -> Replay:
     return Replay(stored.status_code, stored.response)
 
 
-async def purge_expired(conn: asyncpg.Connection, retention_s: int, batch: int) -> int:
+async def purge_expired(conn: Connection, retention_s: int, batch: int) -> int:
     """Delete up to ``batch`` keys older than the retention window; returns how many went."""
     status = await conn.execute(PURGE_SQL, retention_s, batch)
     return int(status.split()[-1])

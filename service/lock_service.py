@@ -38,8 +38,14 @@ class CommandResult:
 
 
 class LockService:
-    def __init__(self, pool: asyncpg.Pool, bounds: TtlBounds, *, conflict_retries: int = 16,
-                 acquire_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        bounds: TtlBounds,
+        *,
+        conflict_retries: int = 16,
+        acquire_timeout_s: float = 5.0,
+    ) -> None:
         self._pool = pool
         self._bounds = bounds
         self._retries = conflict_retries
@@ -85,7 +91,11 @@ def _describe(command: Command) -> tuple[str, dict[str, Any]]:
     if isinstance(command, Acquire):
         return "acquire", {"owner": command.owner, "ttl_ms": command.ttl_ms}
     if isinstance(command, Renew):
-        return "renew", {"owner": command.owner, "fencing_token": command.fencing_token, "ttl_ms": command.ttl_ms}
+        return "renew", {
+            "owner": command.owner,
+            "fencing_token": command.fencing_token,
+            "ttl_ms": command.ttl_ms,
+        }
     if isinstance(command, Release):
         return "release", {"owner": command.owner, "fencing_token": command.fencing_token}
     if isinstance(command, ForceRelease):
@@ -99,18 +109,31 @@ def _response(command: Command, events: list[Event]) -> tuple[int, dict[str, Any
     resource = command.resource
     if isinstance(command, Acquire | Renew):
         last = events[-1]
-        body = {"resource": resource, "owner": last.owner, "fencing_token": last.fencing_token,
-                "ttl_ms": getattr(last, "ttl_ms", None)}
+        body = {
+            "resource": resource,
+            "owner": last.owner,
+            "fencing_token": last.fencing_token,
+            "ttl_ms": getattr(last, "ttl_ms", None),
+        }
         return (201 if isinstance(command, Acquire) else 200), body
     if isinstance(command, Release):
         last = events[-1]
-        return 200, {"resource": resource, "owner": last.owner, "fencing_token": last.fencing_token,
-                     "released": True}
+        return 200, {
+            "resource": resource,
+            "owner": last.owner,
+            "fencing_token": last.fencing_token,
+            "released": True,
+        }
     if not events:
         return 200, {"resource": resource, "released": False}
     last = events[-1]
-    body = {"resource": resource, "released": True, "owner": last.owner, "fencing_token": last.fencing_token,
-            "event": last.type}
+    body = {
+        "resource": resource,
+        "released": True,
+        "owner": last.owner,
+        "fencing_token": last.fencing_token,
+        "event": last.type,
+    }
     if isinstance(last, LockForceReleased):
         body["reason"] = last.reason
     return 200, body

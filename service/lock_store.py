@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
 from domain.events import GRANTING_EVENTS, Event, event_payload
 from domain.state import LockState
+from eventstore.connection import Connection
 
 LOAD_SQL = """
 SELECT clock_timestamp() AS db_now,
@@ -166,7 +165,7 @@ class Committed:
     response: str
 
 
-async def load(conn: asyncpg.Connection, resource: str, principal: str, key: str | None) -> Snapshot:
+async def load(conn: Connection, resource: str, principal: str, key: str | None) -> Snapshot:
     row = await conn.fetchrow(LOAD_SQL, resource, principal, key)
     assert row is not None
     state = LockState(resource=resource)
@@ -187,7 +186,7 @@ async def load(conn: asyncpg.Connection, resource: str, principal: str, key: str
     return Snapshot(db_now=row["db_now"], state=state, stored=stored)
 
 
-async def commit(conn: asyncpg.Connection, plan: AppendPlan) -> Committed | None:
+async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
     """Append the plan in one statement; ``None`` when the stream moved on (decide again)."""
     granting = plan.events[-1].type in GRANTING_EVENTS
     payloads = []

@@ -9,6 +9,7 @@ would (domain.decide(Expire)), set-wise for throughput.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -19,6 +20,7 @@ import asyncpg
 import structlog
 from prometheus_client import Counter, Histogram
 
+from eventstore.connection import Connection
 from service.config import Settings
 from service.idempotency import purge_expired
 
@@ -80,7 +82,7 @@ def default_reaper_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-async def expire_due(conn: asyncpg.Connection, batch_size: int, reaper_id: str) -> list[Expiry]:
+async def expire_due(conn: Connection, batch_size: int, reaper_id: str) -> list[Expiry]:
     """One pass: expire up to ``batch_size`` lapsed leases in one transaction."""
     rows = await conn.fetch(EXPIRE_DUE_SQL, batch_size, reaper_id)
     expiries = [Expiry(r["resource"], r["fencing_token"], r["expires_at"], r["ts"]) for r in rows]
@@ -113,10 +115,8 @@ class Reaper:
                 log.warning("reaper pass failed; retrying", error=str(error))
                 found = 0
             if found < self._settings.reaper_batch_size:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self._settings.reaper_interval_ms / 1000)
-                except TimeoutError:
-                    pass
         log.info("reaper stopped", reaper_id=self.reaper_id, expired=self.expired_count)
 
     async def run_once(self) -> int:
@@ -135,5 +135,7 @@ class Reaper:
                 )
                 KEYS_PURGED_TOTAL.inc(purged)
                 # Keep purging without pause while there is a backlog; otherwise look again in 10 s.
-                self._next_purge = 0.0 if purged >= self._settings.idempotency_purge_batch else time.monotonic() + 10
+                self._next_purge = (
+                    0.0 if purged >= self._settings.idempotency_purge_batch else time.monotonic() + 10
+                )
         return len(expiries)

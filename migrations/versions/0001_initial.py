@@ -28,7 +28,8 @@ class _Xid8(sa.types.UserDefinedType[object]):
 
 # The hash of an event covers every column a reader trusts; verify (eventstore/verify.py) recomputes
 # exactly this text. The first event of a stream chains to the empty string.
-CHAIN_HASH = [r"""
+CHAIN_HASH = [
+    r"""
 CREATE FUNCTION events_chain_hash() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     previous bytea;
@@ -50,25 +51,31 @@ BEGIN
     RETURN NEW;
 END
 $$
-""", r"""
+""",
+    r"""
 CREATE TRIGGER events_chain_hash BEFORE INSERT ON events
     FOR EACH ROW EXECUTE FUNCTION events_chain_hash()
-"""]
+""",
+]
 
 # Append-only, enforced by the database itself: statement-level, so even a DELETE matching no row fails.
-APPEND_ONLY = [r"""
+APPEND_ONLY = [
+    r"""
 CREATE FUNCTION events_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'events are append-only: % refused', TG_OP USING ERRCODE = 'insufficient_privilege';
 END
 $$
-""", """
+""",
+    """
 CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
     FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change()
-""", """
+""",
+    """
 CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
     FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change()
-"""]
+""",
+]
 
 GRANTS = [
     f"""DO $$ BEGIN
@@ -94,11 +101,15 @@ def upgrade() -> None:
         sa.Column("event_type", sa.Text(), nullable=False),
         sa.Column("data", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
         sa.Column(
-            "metadata", postgresql.JSONB(astext_type=sa.Text()), server_default=sa.text("'{}'::jsonb"),
+            "metadata",
+            postgresql.JSONB(astext_type=sa.Text()),
+            server_default=sa.text("'{}'::jsonb"),
             nullable=False,
         ),
         sa.Column(
-            "recorded_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("clock_timestamp()"),
+            "recorded_at",
+            postgresql.TIMESTAMP(timezone=True),
+            server_default=sa.text("clock_timestamp()"),
             nullable=False,
         ),
         sa.Column("tx_id", _Xid8(), server_default=sa.text("pg_current_xact_id()"), nullable=False),
@@ -123,7 +134,9 @@ def upgrade() -> None:
         sa.CheckConstraint("status IN ('held', 'free')", name="lock_state_status_check"),
         sa.PrimaryKeyConstraint("resource"),
     )
-    op.create_index("lock_state_owner_idx", "lock_state", ["owner"], postgresql_where=sa.text("status = 'held'"))
+    op.create_index(
+        "lock_state_owner_idx", "lock_state", ["owner"], postgresql_where=sa.text("status = 'held'")
+    )
     op.create_index(
         "lock_state_expires_at_idx", "lock_state", ["expires_at"], postgresql_where=sa.text("status = 'held'")
     )
