@@ -13,7 +13,7 @@ Owner = Field(pattern=OWNER_PATTERN, min_length=1, max_length=200, description="
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "1500" is not a TTL
 
 
 class AcquireRequest(_Body):
@@ -35,7 +35,10 @@ class ReleaseRequest(_Body):
 
 
 class ForceReleaseRequest(_Body):
-    reason: str = Field(min_length=1, max_length=1000, description="Why an operator ended the lease.")
+    # No NUL: PostgreSQL text and jsonb cannot store it, so it would fail the append with a 500.
+    reason: str = Field(
+        min_length=1, max_length=1000, pattern=r"^[^\x00]*$", description="Why an operator ended the lease."
+    )
 
 
 class Lease(BaseModel):

@@ -122,8 +122,11 @@ def install(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}.get(
             error.status_code, "validation_error" if 400 <= error.status_code < 500 else "internal_error"
         )
+        # FastAPI answers 400 for a body it cannot decode at all (e.g. invalid UTF-8) but 422 for one that
+        # is not JSON; the contract has one answer for malformed input: 422 validation_error.
+        status = 422 if code == "validation_error" and error.status_code == 400 else error.status_code
         return problem(
-            error.status_code,
+            status,
             code,
             str(error.detail),
             instance=request.url.path,

@@ -49,7 +49,7 @@ async def get_lock(resource: ResourcePath, request: Request) -> LockInfo:
 async def history(
     resource: ResourcePath,
     request: Request,
-    after_version: Annotated[int, Query(ge=0)] = 0,
+    after_version: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,  # a bigint: larger is a 422, not a 500
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> History:
     """The resource's events in order; page with `after_version`."""

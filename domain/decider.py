@@ -143,6 +143,9 @@ def _validate(state: LockState, command: Command, bounds: TtlBounds) -> None:
     owner = getattr(command, "owner", None)
     if owner is not None and not is_valid_owner(owner):
         raise InvalidCommand(command.resource, "owner must be 1-200 characters of [A-Za-z0-9._:@-]")
+    reason = getattr(command, "reason", None)
+    if reason is not None and (not reason or len(reason) > 1000 or "\x00" in reason):
+        raise InvalidCommand(command.resource, "reason must be 1-1000 characters without NUL")
     ttl_ms = getattr(command, "ttl_ms", None)
     if ttl_ms is not None and not bounds.contains(ttl_ms):
         raise InvalidCommand(

@@ -66,11 +66,16 @@ class LockService:
                 status_code, response = _response(command, events)
                 if not events:
                     return CommandResult(status_code, json.dumps(response, separators=(",", ":")))
+                # Renew, release and a force-release of a live lease stand only if the lease is still live
+                # when appended; otherwise decide again (it lapsed: lease_expired, or LOCK_EXPIRED).
+                ends_live_lease = isinstance(command, Renew | Release) or isinstance(
+                    events[-1], LockForceReleased
+                )
                 plan = AppendPlan(
                     expected_version=snapshot.state.version,
                     events=events,
                     new_state=fold(snapshot.state, events),
-                    require_live=isinstance(command, Renew | Release),
+                    require_live=ends_live_lease,
                     status_code=status_code,
                     response=response,
                     metadata=_metadata(name, ctx),

@@ -610,3 +610,10 @@ def test_decided_events_round_trip_through_payload_and_fold() -> None:
     assert restored == emitted
     assert fold(initial_state(RES), restored) == state
     assert state.version == len(emitted)
+
+
+@pytest.mark.parametrize("reason", ["", "x" * 1001, "stuck\x00here"])
+def test_force_release_reason_must_be_storable_text(reason: str) -> None:
+    state = LockState(resource="zone:A3")
+    with pytest.raises(InvalidCommand):
+        decide(state, ForceRelease("zone:A3", reason), datetime(2026, 1, 1, tzinfo=UTC))

@@ -255,7 +255,7 @@ class LockDeciderMachine(RuleBasedStateMachine):
         assert result == [LockExpired(resource, *sh.lease())]
         sh.status = "expired"
 
-    @rule(resource=resources, reason=st.sampled_from(["maintenance", "robot powered off", ""]))
+    @rule(resource=resources, reason=st.sampled_from(["maintenance", "robot powered off", "x"]))
     def force_release(self, resource: str, reason: str) -> None:
         sh = self.locks[resource].shadow
         live = sh.live(self.now)
