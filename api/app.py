@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from api import commands, health, problems, queries
+from api import commands, health, noop, problems, queries
 from service.config import Settings
 from service.database import create_pool
 from service.lock_service import LockService
@@ -58,4 +58,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(commands.router)
     app.include_router(queries.router)
     app.include_router(health.router)
+    if settings.bench_noop:
+        app.include_router(noop.router)
     return app

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -61,6 +62,9 @@ def serve(
     ] = None,
     reaper: Annotated[bool, typer.Option(help="Run the reaper inside the server.")] = True,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    workers: Annotated[
+        int, typer.Option(min=1, max=64, help="Server processes (each with its own pool).")
+    ] = 1,
 ) -> None:
     """Serve the HTTP API (and the reaper). Without a database URL, an embedded PostgreSQL is started."""
     import uvicorn
@@ -83,7 +87,21 @@ def serve(
             "[bold yellow]DEV MODE: embedded database, no authentication. Do not expose this port."
             "[/bold yellow]"
         )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
+        return
+    # Worker processes build their app from the environment; each runs a reaper (they share the work).
+    os.environ[DATABASE_URL_ENV] = url
+    os.environ["LOCKLEDGER_REAPER_ENABLED"] = "true" if reaper else "false"
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+        access_log=False,
+    )
 
 
 @app.command("reaper")

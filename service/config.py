@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     idempotency_retention_s: int = Field(default=86_400, description="How long Idempotency-Keys are kept.")
 
     reaper_enabled: bool = Field(default=True, description="Run the reaper inside `serve`.")
+    bench_noop: bool = Field(default=False, description="Mount /v1/noop/*, the benchmark's no-op ceiling.")
     reaper_interval_ms: int = Field(
         default=200, description="Pause between reaper passes that found nothing."
     )
