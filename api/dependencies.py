@@ -21,7 +21,7 @@ ResourcePath = Annotated[
 ]
 
 
-def command_context(
+async def command_context(
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -43,6 +43,6 @@ def command_context(
     )
 
 
-def lock_service(request: Request) -> LockService:
+async def lock_service(request: Request) -> LockService:
     service: LockService = request.app.state.lock_service
     return service

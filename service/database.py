@@ -4,8 +4,21 @@ from __future__ import annotations
 
 import asyncpg
 
+from eventstore.connection import Connection
 from lockledger.dburl import asyncpg_dsn
 from service.config import Settings
+
+
+async def _reset(conn: Connection) -> None:
+    """Return a connection to the pool without asyncpg's default reset round trip.
+
+    The default (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``) costs one extra round
+    trip per command. lockledger takes no advisory locks, LISTENs only on dedicated connections, sets no
+    session state after connect, and runs each command as single statements; only an interrupted
+    explicit transaction needs undoing.
+    """
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
 
 
 async def create_pool(settings: Settings, *, role: str | None = None) -> asyncpg.Pool:
@@ -30,6 +43,7 @@ async def create_pool(settings: Settings, *, role: str | None = None) -> asyncpg
         max_size=settings.pool_max_size,
         command_timeout=settings.command_timeout_s,
         server_settings=server_settings,
+        reset=_reset,
     )
     assert pool is not None
     return pool

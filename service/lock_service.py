@@ -15,6 +15,7 @@ from domain.resource import TtlBounds
 from service import lock_store
 from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
+from service.load_coalescer import LoadCoalescer
 from service.lock_store import AppendPlan, Idempotency
 
 
@@ -45,50 +46,58 @@ class LockService:
         *,
         conflict_retries: int = 16,
         acquire_timeout_s: float = 5.0,
+        coalesce_loads: bool = True,
     ) -> None:
         self._pool = pool
         self._bounds = bounds
         self._retries = conflict_retries
         self._acquire_timeout_s = acquire_timeout_s
+        # Batches of one make the coalescer a plain pass-through (for measuring what coalescing gains).
+        self._loads = LoadCoalescer(
+            pool,
+            max_in_flight=4 if coalesce_loads else pool.get_max_size(),
+            max_batch=256 if coalesce_loads else 1,
+            acquire_timeout_s=acquire_timeout_s,
+        )
 
     async def execute(self, command: Command, ctx: CommandContext) -> CommandResult:
         """Run ``command`` to a decision that is committed, rejected (DomainError) or replayed."""
         name, fields = _describe(command)
         request_fingerprint = fingerprint(name, command.resource, fields)
         idempotency = Idempotency(ctx.principal, ctx.idempotency_key, request_fingerprint)
-        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-            for _ in range(self._retries + 1):
-                snapshot = await lock_store.load(conn, command.resource, ctx.principal, ctx.idempotency_key)
-                if snapshot.stored is not None:
-                    stored = replay(snapshot.stored, request_fingerprint)
-                    return CommandResult(stored.status_code, stored.body, replayed=True)
-                events = decide(snapshot.state, command, snapshot.db_now, self._bounds)
-                status_code, response = _response(command, events)
-                if not events:
-                    return CommandResult(status_code, json.dumps(response, separators=(",", ":")))
-                # Renew, release and a force-release of a live lease stand only if the lease is still live
-                # when appended; otherwise decide again (it lapsed: lease_expired, or LOCK_EXPIRED).
-                ends_live_lease = isinstance(command, Renew | Release) or isinstance(
-                    events[-1], LockForceReleased
-                )
-                plan = AppendPlan(
-                    expected_version=snapshot.state.version,
-                    events=events,
-                    new_state=fold(snapshot.state, events),
-                    require_live=ends_live_lease,
-                    status_code=status_code,
-                    response=response,
-                    metadata=_metadata(name, ctx),
-                    idempotency=idempotency,
-                )
-                try:
+        for _ in range(self._retries + 1):
+            snapshot = await self._loads.load(command.resource, ctx.principal, ctx.idempotency_key)
+            if snapshot.stored is not None:
+                stored = replay(snapshot.stored, request_fingerprint)
+                return CommandResult(stored.status_code, stored.body, replayed=True)
+            events = decide(snapshot.state, command, snapshot.db_now, self._bounds)
+            status_code, response = _response(command, events)
+            if not events:
+                return CommandResult(status_code, json.dumps(response, separators=(",", ":")))
+            # Renew, release and a force-release of a live lease stand only if the lease is still live
+            # when appended; otherwise decide again (it lapsed: lease_expired, or LOCK_EXPIRED).
+            ends_live_lease = isinstance(command, Renew | Release) or isinstance(
+                events[-1], LockForceReleased
+            )
+            plan = AppendPlan(
+                expected_version=snapshot.state.version,
+                events=events,
+                new_state=fold(snapshot.state, events),
+                require_live=ends_live_lease,
+                status_code=status_code,
+                response=response,
+                metadata=_metadata(name, ctx),
+                idempotency=idempotency,
+            )
+            try:
+                async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
                     committed = await lock_store.commit(conn, plan)
-                except asyncpg.UniqueViolationError:
-                    # A concurrent request with the same key (or a stream created under us) won: the next
-                    # load sees its outcome.
-                    continue
-                if committed is not None:
-                    return CommandResult(status_code, committed.response, events=events)
+            except asyncpg.UniqueViolationError:
+                # A concurrent request with the same key (or a stream created under us) won: the next
+                # load sees its outcome.
+                continue
+            if committed is not None:
+                return CommandResult(status_code, committed.response, events=events)
         raise Unavailable(f"{command.resource} is too contended to decide now; retry", retry_after_s=1)
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import asyncpg
+
 from domain.events import GRANTING_EVENTS, Event, event_payload
 from domain.state import LockState
 from eventstore.connection import Connection
@@ -165,9 +167,33 @@ class Committed:
     response: str
 
 
+# The same read for many commands at once: one round trip for every command waiting to load.
+LOAD_MANY_SQL = """
+SELECT q.ord, clock_timestamp() AS db_now,
+       s.version, s.status, s.owner, s.fencing_token, s.ttl_ms, s.expires_at, s.ended_by,
+       k.fingerprint, k.status_code, k.response::text AS response
+  FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS q(resource, principal, key, ord)
+  LEFT JOIN lock_state AS s ON s.resource = q.resource
+  LEFT JOIN idempotency_keys AS k ON k.principal = q.principal AND k.key = q.key
+ ORDER BY q.ord
+"""
+
+
 async def load(conn: Connection, resource: str, principal: str, key: str | None) -> Snapshot:
     row = await conn.fetchrow(LOAD_SQL, resource, principal, key)
     assert row is not None
+    return _snapshot(resource, row)
+
+
+async def load_many(conn: Connection, requests: list[tuple[str, str, str | None]]) -> list[Snapshot]:
+    """``load`` for several (resource, principal, key) at once, in request order."""
+    rows = await conn.fetch(
+        LOAD_MANY_SQL, [r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests]
+    )
+    return [_snapshot(request[0], row) for request, row in zip(requests, rows, strict=True)]
+
+
+def _snapshot(resource: str, row: asyncpg.Record) -> Snapshot:
     state = LockState(resource=resource)
     if row["version"] is not None:
         state = LockState(
