@@ -38,7 +38,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.ttl_bounds,
             conflict_retries=settings.conflict_retries,
             acquire_timeout_s=settings.pool_acquire_timeout_s,
-            coalesce_loads=settings.coalesce_loads,
+            coalesce=settings.coalesce,
         )
         reaper_task = None
         reaper = None

@@ -27,7 +27,7 @@ class Settings(BaseSettings):
     ttl_min_ms: int = 1_000
     ttl_max_ms: int = 3_600_000
     ttl_default_ms: int = 30_000
-    coalesce_loads: bool = Field(default=True, description="Read concurrent commands' heads in one query.")
+    coalesce: bool = Field(default=True, description="Batch concurrent commands' reads and commits.")
     conflict_retries: int = Field(
         default=16, description="Re-decisions after losing an expected-version race."
     )

@@ -13,10 +13,20 @@ from domain.decider import decide, fold
 from domain.events import Event, LockForceReleased
 from domain.resource import TtlBounds
 from service import lock_store
+from service.coalescer import Coalescer
 from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
-from service.load_coalescer import LoadCoalescer
-from service.lock_store import AppendPlan, Idempotency
+from service.lock_store import AppendPlan, Committed, Idempotency, Snapshot
+
+_LoadRequest = tuple[str, str, str | None]  # resource, principal, Idempotency-Key
+
+
+def _plan_keys(plan: AppendPlan) -> tuple[tuple[str, ...], ...]:
+    """Two commits on one resource, or under one key, never share a batch."""
+    keys: tuple[tuple[str, ...], ...] = (("resource", plan.new_state.resource),)
+    if plan.idempotency.key is not None:
+        keys += (("key", plan.idempotency.principal, plan.idempotency.key),)
+    return keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,19 +56,37 @@ class LockService:
         *,
         conflict_retries: int = 16,
         acquire_timeout_s: float = 5.0,
-        coalesce_loads: bool = True,
+        coalesce: bool = True,
     ) -> None:
         self._pool = pool
         self._bounds = bounds
         self._retries = conflict_retries
         self._acquire_timeout_s = acquire_timeout_s
-        # Batches of one make the coalescer a plain pass-through (for measuring what coalescing gains).
-        self._loads = LoadCoalescer(
-            pool,
-            max_in_flight=4 if coalesce_loads else pool.get_max_size(),
-            max_batch=256 if coalesce_loads else 1,
-            acquire_timeout_s=acquire_timeout_s,
+        # Batches of one make a coalescer a plain pass-through (for measuring what coalescing gains).
+        batch = 256 if coalesce else 1
+        in_flight = 4 if coalesce else pool.get_max_size()
+        self._loads: Coalescer[_LoadRequest, Snapshot] = Coalescer(
+            self._load_one, self._load_many, max_in_flight=in_flight, max_batch=batch
         )
+        self._commits: Coalescer[AppendPlan, Committed | None] = Coalescer(
+            self._commit_one, self._commit_many, max_in_flight=in_flight, max_batch=batch, keys=_plan_keys
+        )
+
+    async def _load_one(self, request: _LoadRequest) -> Snapshot:
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            return await lock_store.load(conn, *request)
+
+    async def _load_many(self, requests: list[_LoadRequest]) -> list[Snapshot]:
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            return await lock_store.load_many(conn, requests)
+
+    async def _commit_one(self, plan: AppendPlan) -> Committed | None:
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            return await lock_store.commit(conn, plan)
+
+    async def _commit_many(self, plans: list[AppendPlan]) -> list[Committed | None]:
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            return await lock_store.commit_many(conn, plans)
 
     async def execute(self, command: Command, ctx: CommandContext) -> CommandResult:
         """Run ``command`` to a decision that is committed, rejected (DomainError) or replayed."""
@@ -66,7 +94,7 @@ class LockService:
         request_fingerprint = fingerprint(name, command.resource, fields)
         idempotency = Idempotency(ctx.principal, ctx.idempotency_key, request_fingerprint)
         for _ in range(self._retries + 1):
-            snapshot = await self._loads.load(command.resource, ctx.principal, ctx.idempotency_key)
+            snapshot = await self._loads.submit((command.resource, ctx.principal, ctx.idempotency_key))
             if snapshot.stored is not None:
                 stored = replay(snapshot.stored, request_fingerprint)
                 return CommandResult(stored.status_code, stored.body, replayed=True)
@@ -90,8 +118,7 @@ class LockService:
                 idempotency=idempotency,
             )
             try:
-                async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-                    committed = await lock_store.commit(conn, plan)
+                committed = await self._commits.submit(plan)
             except asyncpg.UniqueViolationError:
                 # A concurrent request with the same key (or a stream created under us) won: the next
                 # load sees its outcome.

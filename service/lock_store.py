@@ -212,8 +212,8 @@ def _snapshot(resource: str, row: asyncpg.Record) -> Snapshot:
     return Snapshot(db_now=row["db_now"], state=state, stored=stored)
 
 
-async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
-    """Append the plan in one statement; ``None`` when the stream moved on (decide again)."""
+def _parameters(plan: AppendPlan) -> list[Any]:
+    """The commit statement's parameters for one plan ($1..$19, see ``_EXISTING_HEAD``)."""
     granting = plan.events[-1].type in GRANTING_EVENTS
     payloads = []
     for index, event in enumerate(plan.events):
@@ -222,9 +222,7 @@ async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
             del payload["expires_at"]  # stamped by the statement from its own clock
         payloads.append(json.dumps(payload, separators=(",", ":")))
     new = plan.new_state
-    sql = COMMIT_NEW_SQL if plan.expected_version == 0 else COMMIT_EXISTING_SQL
-    row = await conn.fetchrow(
-        sql,
+    return [
         new.resource,
         plan.expected_version,
         plan.require_live,
@@ -244,7 +242,156 @@ async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
         plan.idempotency.fingerprint,
         plan.status_code,
         json.dumps(plan.response, separators=(",", ":")),
-    )
+    ]
+
+
+async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
+    """Append the plan in one statement; ``None`` when the stream moved on (decide again)."""
+    sql = COMMIT_NEW_SQL if plan.expected_version == 0 else COMMIT_EXISTING_SQL
+    row = await conn.fetchrow(sql, *_parameters(plan))
     if row is None:
         return None
     return Committed(recorded_at=row["ts"], expires_at=row["new_expires_at"], response=row["response"])
+
+
+# Many plans, on distinct resources and keys, in one statement and so one transaction (and one WAL
+# flush). Each plan stands or falls on its own exactly as in the single statement: its head row must be
+# at the expected version (locked in resource order, so concurrent batches cannot deadlock on heads),
+# the clock is read after every head is locked, and a renew or release needs its lease live at that
+# instant. Plans that fail those checks write nothing and come back without a row.
+COMMIT_MANY_SQL = """
+WITH c AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::integer[], $5::integer[],
+                         $6::text[], $7::text[], $8::bigint[], $9::integer[], $10::timestamptz[],
+                         $11::text[], $12::text[], $13::text[], $14::bytea[], $15::smallint[],
+                         $16::jsonb[], $17::jsonb[], $18::boolean[])
+        WITH ORDINALITY AS c(resource, expected, require_live, grant_ttl, n_events, status, owner,
+                             token, ttl, ended_expires_at, ended_by, principal, key, fingerprint,
+                             status_code, response, metadata, acquires, cmd)
+),
+head AS (
+    SELECT c.cmd, s.expires_at AS held_until
+      FROM lock_state AS s JOIN c ON s.resource = c.resource AND s.version = c.expected
+     WHERE c.expected > 0
+     ORDER BY s.resource
+       FOR UPDATE OF s
+),
+clock AS (
+    SELECT clock_timestamp() AS ts FROM (SELECT count(*) FROM head) AS every_head_locked
+),
+fresh AS (
+    INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at,
+                            ended_by, acquired_at, updated_at)
+    SELECT c.resource, c.n_events, c.status, c.owner, c.token, c.ttl,
+           CASE WHEN c.grant_ttl IS NULL THEN c.ended_expires_at
+                ELSE clock.ts + c.grant_ttl * interval '1 millisecond' END,
+           c.ended_by, CASE WHEN c.acquires THEN clock.ts END, clock.ts
+      FROM c, clock
+     WHERE c.expected = 0 AND NOT c.require_live
+     ORDER BY c.resource
+        ON CONFLICT (resource) DO NOTHING
+ RETURNING resource
+),
+ok AS (
+    SELECT c.*, clock.ts,
+           CASE WHEN c.grant_ttl IS NULL THEN c.ended_expires_at
+                ELSE clock.ts + c.grant_ttl * interval '1 millisecond' END AS new_expires_at
+      FROM c JOIN head USING (cmd) CROSS JOIN clock
+     WHERE NOT c.require_live OR clock.ts < head.held_until
+    UNION ALL
+    SELECT c.*, clock.ts,
+           CASE WHEN c.grant_ttl IS NULL THEN c.ended_expires_at
+                ELSE clock.ts + c.grant_ttl * interval '1 millisecond' END AS new_expires_at
+      FROM c JOIN fresh USING (resource) CROSS JOIN clock
+),
+projected AS (
+    UPDATE lock_state AS s
+       SET version = ok.expected + ok.n_events, status = ok.status, owner = ok.owner,
+           fencing_token = ok.token, ttl_ms = ok.ttl, expires_at = ok.new_expires_at,
+           ended_by = ok.ended_by,
+           acquired_at = CASE WHEN ok.acquires THEN ok.ts ELSE s.acquired_at END,
+           updated_at = ok.ts
+      FROM ok
+     WHERE s.resource = ok.resource AND ok.expected > 0
+ RETURNING ok.cmd
+),
+appended AS (
+    INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata, recorded_at)
+    SELECT ok.resource, ok.expected + e.ord, e.id, e.type,
+           CASE WHEN ok.grant_ttl IS NOT NULL AND e.ord = ok.n_events
+                THEN e.data || jsonb_build_object('expires_at', ok.new_expires_at)
+                ELSE e.data END,
+           ok.metadata, ok.ts
+      FROM ok JOIN unnest($19::bigint[], $20::bigint[], $21::text[], $22::jsonb[], $23::uuid[])
+                   AS e(cmd, ord, type, data, id) ON e.cmd = ok.cmd
+     ORDER BY ok.resource, e.ord
+ RETURNING 1
+),
+answered AS (
+    SELECT ok.cmd, ok.ts, ok.new_expires_at, ok.principal, ok.key, ok.fingerprint, ok.resource,
+           ok.status_code,
+           CASE WHEN ok.grant_ttl IS NULL THEN ok.response
+                ELSE ok.response || jsonb_build_object('expires_at', ok.new_expires_at) END AS body
+      FROM ok
+),
+remembered AS (
+    INSERT INTO idempotency_keys (principal, key, fingerprint, resource, status_code, response, created_at)
+    SELECT principal, key, fingerprint, resource, status_code, body, ts
+      FROM answered
+     WHERE key IS NOT NULL
+ RETURNING 1
+)
+SELECT cmd, ts, new_expires_at, body::text AS response FROM answered
+"""
+
+
+async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committed | None]:
+    """``commit`` for several plans on distinct resources and keys, in one statement.
+
+    Any error (a key or stream taken concurrently, a deadlock with another writer) fails the whole
+    statement, which then wrote nothing: the caller retries the plans one by one.
+    """
+    columns: list[list[Any]] = [[] for _ in range(18)]
+    event_columns: list[list[Any]] = [[] for _ in range(5)]
+    for number, plan in enumerate(plans, start=1):
+        p = _parameters(plan)
+        per_command = [
+            p[0],
+            p[1],
+            p[2],
+            p[3],
+            len(plan.events),
+            p[8],
+            p[9],
+            p[10],
+            p[11],
+            p[12],
+            p[13],
+            p[14],
+            p[15],
+            p[16],
+            p[17],
+            p[18],
+            p[7],
+            any(e.type == "LOCK_ACQUIRED" for e in plan.events),
+        ]
+        for column, value in zip(columns, per_command, strict=True):
+            column.append(value)
+        for ordinal, (event_type, payload, event_id) in enumerate(
+            zip(p[4], p[5], p[6], strict=True), start=1
+        ):
+            for column, value in zip(
+                event_columns, (number, ordinal, event_type, payload, event_id), strict=True
+            ):
+                column.append(value)
+    rows = await conn.fetch(COMMIT_MANY_SQL, *columns, *event_columns)
+    by_command = {row["cmd"]: row for row in rows}
+    results: list[Committed | None] = []
+    for number in range(1, len(plans) + 1):
+        row = by_command.get(number)
+        results.append(
+            None
+            if row is None
+            else Committed(recorded_at=row["ts"], expires_at=row["new_expires_at"], response=row["response"])
+        )
+    return results

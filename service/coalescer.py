@@ -1,0 +1,105 @@
+"""Coalescing concurrent database work into one round trip.
+
+Under load many commands want the database at the same moment, and on a small machine each round trip
+costs more in system calls (client and server) than the statement itself. A coalescer sends whatever
+requests are waiting as one batch, with at most ``max_in_flight`` batches outstanding. It never delays a
+request when the database is idle: the first one goes out at once, alone, through the single-request
+path, so a lone command pays nothing.
+
+Requests that must not share a batch (two commits on one resource, or under one Idempotency-Key) say
+so through ``keys``; the later one waits for the next batch. If a batch fails as a whole, each of its
+requests is retried alone, so every caller gets exactly the outcome (or the error) of its own request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from typing import Generic, TypeVar
+
+Request = TypeVar("Request")
+Result = TypeVar("Result")
+
+
+class Coalescer(Generic[Request, Result]):
+    def __init__(
+        self,
+        run_one: Callable[[Request], Awaitable[Result]],
+        run_many: Callable[[list[Request]], Awaitable[list[Result]]],
+        *,
+        max_in_flight: int = 4,
+        max_batch: int = 256,
+        keys: Callable[[Request], Iterable[Hashable]] | None = None,
+    ) -> None:
+        self._run_one = run_one
+        self._run_many = run_many
+        self._max_in_flight = max_in_flight
+        self._max_batch = max_batch
+        self._keys = keys
+        self._pending: list[tuple[Request, asyncio.Future[Result]]] = []
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
+        self.batches = 0
+        self.requests = 0
+
+    async def submit(self, request: Request) -> Result:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
+        self._pending.append((request, future))
+        if self._in_flight < self._max_in_flight:
+            self._in_flight += 1
+            task = loop.create_task(self._drain())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await future
+
+    async def _drain(self) -> None:
+        """Send batches until nothing waits; the task that finds the queue empty retires."""
+        try:
+            while self._pending:
+                await self._send(self._take_batch())
+        finally:
+            self._in_flight -= 1
+
+    def _take_batch(self) -> list[tuple[Request, asyncio.Future[Result]]]:
+        if self._keys is None:
+            head = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            return head
+        batch: list[tuple[Request, asyncio.Future[Result]]] = []
+        rest: list[tuple[Request, asyncio.Future[Result]]] = []
+        taken: set[Hashable] = set()
+        for item in self._pending:
+            keys = set(self._keys(item[0]))
+            if len(batch) < self._max_batch and not keys & taken:
+                batch.append(item)
+                taken |= keys
+            else:
+                rest.append(item)
+        self._pending = rest
+        return batch
+
+    async def _send(self, batch: list[tuple[Request, asyncio.Future[Result]]]) -> None:
+        self.batches += 1
+        self.requests += len(batch)
+        if len(batch) > 1:
+            try:
+                results = await self._run_many([request for request, _ in batch])
+            except Exception:
+                pass  # retried one by one below, so each caller sees its own outcome
+            else:
+                for (_, future), result in zip(batch, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)
+                return
+        await asyncio.gather(*(self._send_one(request, future) for request, future in batch))
+
+    async def _send_one(self, request: Request, future: asyncio.Future[Result]) -> None:
+        try:
+            result = await self._run_one(request)
+        except Exception as error:
+            if not future.done():
+                future.set_exception(error)
+        else:
+            if not future.done():
+                future.set_result(result)
