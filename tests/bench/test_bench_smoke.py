@@ -1,0 +1,73 @@
+"""The benchmark, end to end in quick mode with very short cells: every target measures something,
+nothing fails, the hot mode finds no safety violation, and the JSON lines file holds what it promises."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from bench.config import BenchConfig, quick_config
+from bench.output import read
+from bench.runner import run
+from bench.targets.redis_lock import redis_answers
+
+pytestmark = pytest.mark.storage
+
+CELL_KEYS = {
+    "type", "target", "mode", "resources", "workers", "server_workers", "renews", "duration_s",
+    "cycles", "cycles_per_s", "conflicts", "conflicts_per_s", "requests", "errors", "error_samples",
+    "latency_ms", "server_cpu_pct", "server_peak_rss_mb", "pg_cpu_pct", "loadgen_cpu_pct",
+    "loadgen_cpu_ms_per_request", "other_cpu_pct", "violations", "safety", "http_client",
+}  # fmt: skip
+SUMMARY_KEYS = {"type", "ratios", "goals", "errors", "violations", "notes", "environment", "config"}
+ENVIRONMENT_KEYS = {"cpu_count", "python", "postgresql", "git_commit", "http_client"}
+
+
+def _targets() -> tuple[str, ...]:
+    targets = ["lockledger", "noop", "raw-sql"]
+    if importlib.util.find_spec("eventsourcing") and importlib.util.find_spec("psycopg"):
+        targets.append("eventsourcing")
+    if asyncio.run(redis_answers(BenchConfig().redis_url)) is not None:
+        targets.append("redis")
+    return tuple(targets)
+
+
+def test_quick_bench_measures_every_target_without_errors(database_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "bench.jsonl"
+    config = quick_config(
+        BenchConfig(targets=_targets(), database_url=database_url, out=out, duration_s=0.8, warmup_s=0.3)
+    )
+    path, cells, _summary = run(config, Console(stderr=True, quiet=True))
+
+    assert path == out
+    expected = {(t, m) for t in config.targets for m in ("uniform", "hot")}
+    assert {(c["target"], c["mode"]) for c in cells} == expected
+    for cell in cells:
+        where = f"{cell['target']} {cell['mode']}"
+        assert cell["workers"] == 4, where
+        assert cell["cycles"] > 0, where
+        assert cell["errors"] == 0, (where, cell["error_samples"])
+        assert cell["latency_ms"]["acquire"]["n"] > 0, where
+        if cell["mode"] == "hot" and cell["target"] != "noop":
+            assert cell["violations"] == 0, (where, cell["safety"])
+            assert cell["safety"]["grants_checked"] >= cell["cycles"], where
+        if cell["target"] in ("lockledger", "noop"):
+            assert cell["server_cpu_pct"] is not None, where
+            assert cell["server_peak_rss_mb"] > 0, where
+            assert cell["http_client"] in ("httptools", "aiohttp"), where
+
+    records = read(out)
+    assert [r["type"] for r in records] == ["cell"] * len(cells) + ["summary"]
+    for record in records[:-1]:
+        assert record.keys() >= CELL_KEYS
+    last = records[-1]
+    assert last.keys() >= SUMMARY_KEYS
+    assert last["environment"].keys() >= ENVIRONMENT_KEYS
+    assert last["errors"] == 0
+    assert last["violations"] == 0
+    assert {(r["mode"], r["workers"]) for r in last["ratios"]} == {("uniform", 4), ("hot", 4)}
+    assert last["environment"]["postgresql"]["postgresql"]

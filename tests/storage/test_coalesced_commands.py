@@ -1,0 +1,212 @@
+"""Batched loads and commits (service/coalescer.py, lock_store.commit_many) keep every single-command rule.
+
+A batch must give each plan exactly the outcome the single statement would: its own expected-version and
+liveness checks, its own events and idempotency record, and nothing at all when it fails; and a batch that
+fails as a whole must write nothing, so the one-by-one retry cannot double anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from datetime import datetime, timedelta
+
+import asyncpg
+import pytest
+
+from domain.commands import Acquire, Command, Release, Renew
+from domain.decider import decide, fold
+from domain.errors import DomainError
+from domain.events import event_from_payload
+from domain.state import LockState
+from eventstore.verify import verify_chains
+from service import lock_store
+from service.idempotency import fingerprint
+from service.lock_service import CommandContext, LockService
+from service.lock_store import AppendPlan, Idempotency
+
+pytestmark = pytest.mark.storage
+
+
+def _plan(state: LockState, command: Command, now: datetime, key: str | None = None) -> AppendPlan:
+    events = decide(state, command, now)
+    return AppendPlan(
+        expected_version=state.version,
+        events=events,
+        new_state=fold(state, events),
+        require_live=isinstance(command, Renew | Release),
+        status_code=201 if isinstance(command, Acquire) else 200,
+        response={"resource": command.resource},
+        metadata={"command": type(command).__name__.lower()},
+        idempotency=Idempotency("anonymous", key, fingerprint("x", command.resource, {})),
+    )
+
+
+async def _state(
+    conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], resource: str
+) -> tuple[LockState, datetime]:
+    snapshot = await lock_store.load(conn, resource, "anonymous", None)
+    return snapshot.state, snapshot.db_now
+
+
+async def _types(conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], resource: str) -> list[str]:
+    rows = await conn.fetch(
+        "SELECT event_type FROM events WHERE stream_id = $1 ORDER BY stream_version", resource
+    )
+    return [r["event_type"] for r in rows]
+
+
+async def test_each_plan_of_a_batch_stands_or_falls_on_its_own(
+    service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str
+) -> None:
+    new, free, stale, lapsed_renew, lapsed_acquire = (f"{unique_prefix}{n}" for n in range(5))
+    async with service_pool.acquire() as conn:
+        # Prepare: `free` acquired and released; `stale`, `lapsed_*` acquired with short leases.
+        for resource, ttl in ((free, 5_000), (stale, 60_000), (lapsed_renew, 1_000), (lapsed_acquire, 1_000)):
+            state, now = await _state(conn, resource)
+            assert (
+                await lock_store.commit(conn, _plan(state, Acquire(resource, "bot1", ttl), now)) is not None
+            )
+        state, now = await _state(conn, free)
+        assert await lock_store.commit(conn, _plan(state, Release(free, "bot1", 1), now)) is not None
+        await asyncio.sleep(1.1)  # the two 1 s leases lapse
+
+        plans = []
+        state, now = await _state(conn, new)
+        plans.append(_plan(state, Acquire(new, "bot2", 30_000), now, key=f"{unique_prefix}k-new"))
+        state, now = await _state(conn, free)
+        plans.append(_plan(state, Acquire(free, "bot2", 30_000), now, key=f"{unique_prefix}k-free"))
+        state, now = await _state(conn, stale)
+        stale_state = LockState(resource=stale)  # decided on an outdated head (version 0, not 1)
+        plans.append(_plan(stale_state, Acquire(stale, "bot2", 30_000), now))
+        state, now = await _state(conn, lapsed_renew)
+        # Decided as if a moment before the deadline; at the append the lease has lapsed.
+        assert state.expires_at is not None
+        plans.append(
+            _plan(state, Renew(lapsed_renew, "bot1", 1), state.expires_at - timedelta(milliseconds=1))
+        )
+        state, now = await _state(conn, lapsed_acquire)
+        plans.append(_plan(state, Acquire(lapsed_acquire, "bot2", 30_000), now))
+
+        results = await lock_store.commit_many(conn, plans)
+
+    assert [r is not None for r in results] == [True, True, False, False, True]
+    async with admin_pool.acquire() as conn:
+        assert await _types(conn, new) == ["LOCK_ACQUIRED"]
+        assert await _types(conn, free) == ["LOCK_ACQUIRED", "LOCK_RELEASED", "LOCK_ACQUIRED"]
+        assert await _types(conn, stale) == ["LOCK_ACQUIRED"]
+        assert "LOCK_RENEWED" not in await _types(conn, lapsed_renew)
+        assert (await _types(conn, lapsed_acquire))[-2:] == ["LOCK_EXPIRED", "LOCK_ACQUIRED"]
+        keys = await conn.fetch(
+            "SELECT key, response FROM idempotency_keys WHERE key = ANY($1::text[]) ORDER BY key",
+            [f"{unique_prefix}k-free", f"{unique_prefix}k-new"],
+        )
+        assert len(keys) == 2
+        committed = results[1]
+        assert committed is not None
+        assert json.loads(keys[0]["response"]) == json.loads(committed.response)
+        # The granting event's deadline is the statement's clock + ttl, as in the single statement.
+        row = await conn.fetchrow(
+            "SELECT data, recorded_at FROM events WHERE stream_id = $1 ORDER BY stream_version DESC LIMIT 1",
+            free,
+        )
+        assert row is not None
+        deadline = datetime.fromisoformat(json.loads(row["data"])["expires_at"])
+        assert deadline - row["recorded_at"] == timedelta(milliseconds=30_000)
+
+
+async def test_a_batch_that_fails_writes_nothing(
+    service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str
+) -> None:
+    first, second = f"{unique_prefix}a", f"{unique_prefix}b"
+    key = f"{unique_prefix}taken"
+    async with service_pool.acquire() as conn:
+        state, now = await _state(conn, f"{unique_prefix}owner-of-key")
+        plan = _plan(state, Acquire(f"{unique_prefix}owner-of-key", "bot1", 30_000), now, key=key)
+        assert await lock_store.commit(conn, plan) is not None
+        plans = []
+        for resource, plan_key in ((first, None), (second, key)):  # the second reuses a stored key
+            state, now = await _state(conn, resource)
+            plans.append(_plan(state, Acquire(resource, "bot1", 30_000), now, key=plan_key))
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await lock_store.commit_many(conn, plans)
+    async with admin_pool.acquire() as conn:
+        assert await _types(conn, first) == []
+        assert await _types(conn, second) == []
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM lock_state WHERE resource = ANY($1::text[])", [first, second]
+            )
+            == 0
+        )
+
+
+async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
+    lock_service: LockService, admin_pool: asyncpg.Pool, unique_prefix: str
+) -> None:
+    """48 agents on 12 resources for 3 s through the coalescing service: one holder at a time per
+    resource (no grant while another agent believes it holds), tokens strictly increasing, every
+    acknowledged command in the log, and the projection equal to a fold of the events."""
+    resources = [f"{unique_prefix}r{i}" for i in range(12)]
+    holders: dict[str, str] = {}
+    grants: dict[str, list[int]] = {r: [] for r in resources}
+    acknowledged: list[tuple[str, int, str]] = []
+    violations: list[str] = []
+    rng = random.Random(7)
+    stop = asyncio.get_running_loop().time() + 3.0
+
+    async def agent(name: str) -> None:
+        while asyncio.get_running_loop().time() < stop:
+            resource = rng.choice(resources)
+            try:
+                result = await lock_service.execute(Acquire(resource, name, 30_000), CommandContext())
+            except DomainError:
+                await asyncio.sleep(0)
+                continue
+            token = json.loads(result.body)["fencing_token"]
+            if resource in holders:
+                violations.append(f"{name} granted {resource} while {holders[resource]} holds it")
+            holders[resource] = name
+            grants[resource].append(token)
+            acknowledged.append((resource, token, "LOCK_ACQUIRED"))
+            if rng.random() < 0.5:
+                await lock_service.execute(Renew(resource, name, token, 30_000), CommandContext())
+                acknowledged.append((resource, token, "LOCK_RENEWED"))
+            del holders[resource]
+            await lock_service.execute(Release(resource, name, token), CommandContext())
+            acknowledged.append((resource, token, "LOCK_RELEASED"))
+
+    await asyncio.gather(*(agent(f"bot{i}") for i in range(48)))
+    assert violations == []
+    assert sum(len(g) for g in grants.values()) > 50
+    for tokens in grants.values():
+        assert tokens == sorted(set(tokens))
+
+    async with admin_pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT stream_id, stream_version, event_type, data FROM events WHERE stream_id = ANY($1::text[])"
+            " ORDER BY stream_id, stream_version",
+            resources,
+        )
+        logged = {(r["stream_id"], json.loads(r["data"])["fencing_token"], r["event_type"]) for r in rows}
+        assert set(acknowledged) <= logged
+        assert len(acknowledged) == len(rows)  # nothing appended that was not acknowledged
+        for resource in resources:
+            events = [
+                event_from_payload(resource, r["event_type"], json.loads(r["data"]))
+                for r in rows
+                if r["stream_id"] == resource
+            ]
+            folded = fold(LockState(resource=resource), events)
+            projected = await conn.fetchrow("SELECT * FROM lock_state WHERE resource = $1", resource)
+            assert projected is not None
+            assert (
+                projected["version"],
+                projected["status"],
+                projected["owner"],
+                projected["fencing_token"],
+            ) == (folded.version, folded.status, folded.owner, folded.fencing_token)
+            assert projected["expires_at"] == folded.expires_at
+        report = await verify_chains(conn)
+        assert report.ok, report.broken
