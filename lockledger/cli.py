@@ -1,4 +1,4 @@
-"""The `lockledger` command: serve, reaper, migrate, rebuild, verify.
+"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, bench.
 
 Server packages are imported inside each command, so `lockledger --help` stays fast and the SDK part of
 this package never needs them.
@@ -183,6 +183,16 @@ def verify(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
         return 0
 
     sys.exit(asyncio.run(main()))
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+)
+def bench(ctx: typer.Context) -> None:
+    """Benchmark lockledger against its baselines (options: `lockledger bench --help`)."""
+    from bench.cli import main
+
+    sys.exit(main(list(ctx.args), prog="lockledger bench"))
 
 
 if __name__ == "__main__":

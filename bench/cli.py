@@ -1,0 +1,145 @@
+"""``python -m bench`` / ``lockledger bench``: the options, then one run (see runner.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+
+from bench.config import ALL_TARGETS, RESOURCE_MODES, BenchConfig, quick_config
+from bench.http_client import CLIENT_KINDS
+
+
+def _names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(n.strip() for n in text.split(",") if n.strip())
+        unknown = [n for n in names if n not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(allowed)} (got {text!r})")
+        return names
+
+    return parse
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of integers, not {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"positive integers, not {text!r}")
+    return values
+
+
+def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
+    defaults = BenchConfig()
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Drive W simulated agents (acquire, renew k times, release; on conflict pick again) against "
+            "lockledger's HTTP API and its baselines on one PostgreSQL, and report each cell."
+        ),
+    )
+    p.add_argument(
+        "--targets",
+        type=_names(ALL_TARGETS),
+        default=defaults.targets,
+        help=f"comma-separated, from {','.join(ALL_TARGETS)} (default: all)",
+    )
+    p.add_argument(
+        "--workers",
+        type=_ints,
+        default=defaults.workers,
+        help="concurrent agents per cell, comma-separated (default: 1,16,64,256)",
+    )
+    p.add_argument(
+        "--resources-modes",
+        dest="modes",
+        type=_names(tuple(RESOURCE_MODES)),
+        default=defaults.modes,
+        help="uniform (R=100,000) and/or hot (R=8), comma-separated (default: both)",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=defaults.duration_s,
+        help="measured seconds per cell (default: %(default)s)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=defaults.warmup_s,
+        help="warm-up seconds per cell, not measured (default: %(default)s)",
+    )
+    p.add_argument("--renews", type=int, default=defaults.renews, help="renews per cycle (default: 0)")
+    p.add_argument(
+        "--server-workers",
+        type=_ints,
+        default=defaults.server_workers,
+        help="lockledger server processes; a list runs the HTTP targets once per value (default: 1)",
+    )
+    p.add_argument(
+        "--database-url",
+        default=None,
+        help="PostgreSQL server to use (a fresh database is created there and dropped after); "
+        "default: an embedded PostgreSQL in a temporary directory",
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="JSON lines output (default: bench/results/<timestamp>.jsonl)"
+    )
+    p.add_argument(
+        "--http-client",
+        choices=("auto", *CLIENT_KINDS),
+        default=defaults.http_client,
+        help="auto measures both on the no-op endpoint and uses the leaner (default: auto)",
+    )
+    p.add_argument(
+        "--pool-size",
+        type=int,
+        default=defaults.pool_size,
+        help="connections of the raw-sql and eventsourcing baselines (default: %(default)s, "
+        "the server's pool size)",
+    )
+    p.add_argument("--redis-url", default=defaults.redis_url, help="default: %(default)s")
+    p.add_argument("--seed", type=int, default=defaults.seed, help="agents' random seed (default: 1)")
+    p.add_argument("--quick", action="store_true", help="smoke mode: W=4, 2 s cells, both resource modes")
+    return p  # fmt: skip
+
+
+def config_from_args(argv: list[str] | None = None, prog: str = "python -m bench") -> BenchConfig:
+    args = parser(prog).parse_args(argv)
+    config = BenchConfig(
+        targets=args.targets,
+        workers=args.workers,
+        modes=args.modes,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        renews=args.renews,
+        server_workers=args.server_workers,
+        database_url=args.database_url,
+        out=args.out,
+        http_client=args.http_client,
+        pool_size=args.pool_size,
+        redis_url=args.redis_url,
+        seed=args.seed,
+    )
+    if args.quick:
+        config = quick_config(config)
+    return replace(config, targets=tuple(t for t in ALL_TARGETS if t in config.targets))
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
+    config = config_from_args(argv, prog)
+    from bench.report import print_report
+    from bench.runner import run
+
+    progress = Console(stderr=True)
+    path, cells, summary = run(config, progress)
+    stdout = Console() if sys.stdout.isatty() else Console(width=240)
+    print_report(stdout, cells, summary, config.renews)
+    stdout.print(f"results: {path}", highlight=False)
+    return 1 if summary["errors"] or summary["violations"] else 0

@@ -1,0 +1,94 @@
+"""The bench's PostgreSQL: a fresh database on a given server, or an embedded server of its own.
+
+Either way the lockledger schema is migrated into it and every target (the server, the raw table, the
+``eventsourcing`` recorder) uses that one database on that one server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import psutil
+
+from lockledger.dburl import asyncpg_dsn
+from lockledger.migrate import upgrade
+
+
+@dataclass
+class BenchDatabase:
+    url: str
+    postgres_pid: int | None  # the postmaster, when it runs on this machine and is visible
+    info: dict[str, Any] = field(default_factory=dict)
+    _embedded: Any = None
+    _admin_url: str | None = None
+    _name: str | None = None
+
+    def close(self) -> None:
+        if self._embedded is not None:
+            self._embedded.stop()
+        elif self._admin_url and self._name:
+            with contextlib.suppress(Exception):
+                asyncio.run(_execute(self._admin_url, f'DROP DATABASE IF EXISTS "{self._name}" WITH (FORCE)'))
+
+
+def replace_database(url: str, database: str) -> str:
+    """The same server URL pointing at another database (handles ``?host=`` socket URLs)."""
+    head, sep, query = url.partition("?")
+    scheme_host, _, _ = head.rpartition("/")
+    return f"{scheme_host}/{database}{sep}{query}"
+
+
+async def _execute(url: str, sql: str) -> None:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def _inspect(url: str) -> tuple[int | None, dict[str, Any]]:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        backend = await conn.fetchval("SELECT pg_backend_pid()")
+        info: dict[str, Any] = {"postgresql": await conn.fetchval("SHOW server_version")}
+        for setting in ("shared_buffers", "synchronous_commit", "fsync", "max_connections"):
+            info[setting] = await conn.fetchval(f"SHOW {setting}")
+        try:  # while this backend is alive: its parent is the postmaster
+            postmaster = psutil.Process(backend).parent()
+            pid = postmaster.pid if postmaster is not None else None
+        except psutil.Error:
+            pid = None  # PostgreSQL runs elsewhere: its CPU is not measured
+    finally:
+        await conn.close()
+    return pid, info
+
+
+def provision(database_url: str | None) -> BenchDatabase:
+    """A migrated, empty database for this run; ``close()`` drops it (or stops the embedded server)."""
+    name = f"lockledger_bench_{uuid.uuid4().hex[:8]}"
+    embedded = None
+    if database_url:
+        asyncio.run(_execute(database_url, f'CREATE DATABASE "{name}"'))
+        url = replace_database(database_url, name)
+    else:
+        from lockledger import embedded as embedded_pg
+
+        data_dir = Path(tempfile.mkdtemp(prefix="lockledger-bench-")) / "pgdata"
+        embedded = embedded_pg.start(data_dir, delete_on_stop=True)
+        url = embedded.ensure_database(name)
+    try:
+        upgrade(url)
+        pid, info = asyncio.run(_inspect(url))
+    except BaseException:
+        if embedded is not None:
+            embedded.stop()
+        raise
+    info["database"] = "embedded" if embedded is not None else "external"
+    return BenchDatabase(url, pid, info, embedded, None if embedded else database_url, name)

@@ -1,0 +1,123 @@
+"""lockledger against each baseline, cell by cell, and the issue's targets at W = 64, R = 100,000."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Cell = dict[str, Any]
+
+# Issue 3, "What must hold": the goals at W = 64 in the uniform mode.
+GOAL_WORKERS = 64
+GOAL_MODE = "uniform"
+MIN_VS_EVENTSOURCING_X = 5.0
+MIN_VS_RAW_SQL_PCT = 25.0
+MIN_VS_NOOP_PCT = 60.0
+MAX_ACQUIRE_P99_MS = 15.0
+MAX_SERVER_RSS_MB = 200.0
+
+
+def _index(cells: list[Cell]) -> dict[tuple[str, str, int, int | None], Cell]:
+    return {(c["target"], c["mode"], c["workers"], c["server_workers"]): c for c in cells}
+
+
+def _ratio(a: float | None, b: float | None, scale: float = 1.0) -> float | None:
+    if a is None or not b:
+        return None
+    return round(a / b * scale, 2)
+
+
+def compute_ratios(cells: list[Cell]) -> list[dict[str, Any]]:
+    """One row per lockledger cell: its cycles/s against each baseline's cell of the same mode and W."""
+    index = _index(cells)
+    rows = []
+    for cell in cells:
+        if cell["target"] != "lockledger":
+            continue
+        mode, workers, sw = cell["mode"], cell["workers"], cell["server_workers"]
+
+        def other(name: str, server_workers: int | None = None) -> float | None:
+            found = index.get((name, mode, workers, server_workers))  # noqa: B023
+            return found["cycles_per_s"] if found else None
+
+        rate = cell["cycles_per_s"]
+        row: dict[str, Any] = {
+            "mode": mode,
+            "workers": workers,
+            "server_workers": sw,
+            "lockledger_cycles_per_s": rate,
+            "vs_eventsourcing_x": _ratio(rate, other("eventsourcing")),
+            "vs_raw_sql_pct": _ratio(rate, other("raw-sql"), 100),
+            "vs_noop_pct": _ratio(rate, other("noop", sw), 100),
+            "vs_redis_pct": _ratio(rate, other("redis"), 100),
+        }
+        if workers == 256 and (base := index.get(("lockledger", mode, 64, sw))):
+            row["w256_vs_w64_pct"] = _ratio(rate, base["cycles_per_s"], 100)
+        rows.append(row)
+    return rows
+
+
+def _check(name: str, value: Any, goal: str, ok: bool | None) -> dict[str, Any]:
+    return {"check": name, "value": value, "goal": goal, "ok": ok}
+
+
+def check_goals(cells: list[Cell], ratios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets, for each server-worker count measured; ``ok`` None when not measured."""
+    index = _index(cells)
+    checks: list[dict[str, Any]] = []
+    for sw in sorted({c["server_workers"] for c in cells if c["target"] == "lockledger"}):
+        tag = f"server workers {sw}: "
+        row = next(
+            (r for r in ratios if (r["mode"], r["workers"], r["server_workers"]) == (GOAL_MODE, 64, sw)),
+            None,
+        )
+        cell = index.get(("lockledger", GOAL_MODE, GOAL_WORKERS, sw))
+        if row is None or cell is None:
+            continue
+
+        def at_least(value: float | None, goal: float) -> bool | None:
+            return None if value is None else value >= goal
+
+        es, raw, noop = row["vs_eventsourcing_x"], row["vs_raw_sql_pct"], row["vs_noop_pct"]
+        checks.append(
+            _check(
+                tag + "vs eventsourcing",
+                es,
+                f">= {MIN_VS_EVENTSOURCING_X}x",
+                at_least(es, MIN_VS_EVENTSOURCING_X),
+            )
+        )
+        checks.append(
+            _check(tag + "vs raw-sql", raw, f">= {MIN_VS_RAW_SQL_PCT}%", at_least(raw, MIN_VS_RAW_SQL_PCT))
+        )
+        checks.append(
+            _check(tag + "vs noop", noop, f">= {MIN_VS_NOOP_PCT}%", at_least(noop, MIN_VS_NOOP_PCT))
+        )
+        p99 = cell["latency_ms"]["acquire"]["p99"]
+        checks.append(
+            _check(
+                tag + "acquire p99 ms",
+                p99,
+                f"< {MAX_ACQUIRE_P99_MS}",
+                None if p99 is None else p99 < MAX_ACQUIRE_P99_MS,
+            )
+        )
+        rss = max((c["server_peak_rss_mb"] or 0) for c in cells if c["server_workers"] == sw)
+        checks.append(
+            _check(tag + "server peak RSS MB", rss, f"< {MAX_SERVER_RSS_MB}", rss < MAX_SERVER_RSS_MB)
+        )
+        big = index.get(("lockledger", GOAL_MODE, 256, sw))
+        if big is not None:
+            w256 = _ratio(big["cycles_per_s"], cell["cycles_per_s"], 100)
+            checks.append(_check(tag + "W=256 vs W=64", w256, ">= 100%", at_least(w256, 100.0)))
+            checks.append(_check(tag + "W=256 errors", big["errors"], "0", big["errors"] == 0))
+        hot = [
+            c
+            for c in cells
+            if c["target"] == "lockledger" and c["mode"] == "hot" and c["server_workers"] == sw
+        ]
+        if hot:
+            errors = sum(c["errors"] for c in hot)
+            violations = sum(c["violations"] or 0 for c in hot)
+            checks.append(_check(tag + "hot errors", errors, "0", errors == 0))
+            checks.append(_check(tag + "hot violations", violations, "0", violations == 0))
+    return checks

@@ -1,0 +1,119 @@
+"""The Rich tables printed at the end of a run: every cell, lockledger's ratios, the issue's goals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+Cell = dict[str, Any]
+SHORT = {"server": "srv", "loadgen": "LG", "machine": "box"}
+
+
+def _num(value: float | int | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _lat(cell: Cell, command: str) -> str:
+    lat = cell["latency_ms"][command]
+    if not lat["n"]:
+        return "-"
+    return f"{lat['p50']:.1f}/{lat['p95']:.1f}/{lat['p99']:.1f}"
+
+
+def cells_table(cells: list[Cell], renews: int) -> Table:
+    table = Table(
+        title="lockledger bench: every cell (latency ms p50/p95/p99; CPU in % of one core)",
+        title_justify="left",
+    )
+    for name, justify in (
+        ("target", "left"),
+        ("srv w", "right"),
+        ("mode", "left"),
+        ("W", "right"),
+        ("cycles/s", "right"),
+        ("confl/s", "right"),
+        ("err", "right"),
+        ("acquire", "right"),
+        *((("renew", "right"),) if renews else ()),
+        ("release", "right"),
+        ("srv CPU%", "right"),
+        ("srv RSS MB", "right"),
+        ("PG CPU%", "right"),
+        ("LG CPU%", "right"),
+        ("LG ms/req", "right"),
+        ("other CPU%", "right"),
+        ("saturated", "left"),
+        ("viol", "right"),
+    ):
+        table.add_column(name, justify=justify)
+    for cell in cells:
+        violations = cell["violations"]
+        table.add_row(
+            cell["target"],
+            _num(cell["server_workers"]),
+            cell["mode"],
+            str(cell["workers"]),
+            _num(cell["cycles_per_s"]),
+            _num(cell["conflicts_per_s"]),
+            f"[red]{cell['errors']}[/red]" if cell["errors"] else "0",
+            _lat(cell, "acquire"),
+            *((_lat(cell, "renew"),) if renews else ()),
+            _lat(cell, "release"),
+            _num(cell["server_cpu_pct"]),
+            _num(cell["server_peak_rss_mb"]),
+            _num(cell["pg_cpu_pct"] if cell["target"] != "redis" else cell["redis_cpu_pct"]),
+            _num(cell["loadgen_cpu_pct"]),
+            _num(cell["loadgen_cpu_ms_per_request"], 3),
+            _num(cell["other_cpu_pct"]),
+            ",".join(SHORT.get(s, s) for s in cell["saturated"]) or "-",
+            "-" if violations is None else (f"[red]{violations}[/red]" if violations else "0"),
+        )
+    return table
+
+
+def ratios_table(ratios: list[dict[str, Any]]) -> Table:
+    table = Table(
+        title="lockledger's cycles/s against each baseline (same mode, same W)", title_justify="left"
+    )
+    for name in ("srv w", "mode", "W", "lockledger", "vs eventsourcing", "vs raw-sql", "vs noop", "vs redis",
+                 "W256 vs W64"):  # fmt: skip
+        table.add_column(name, justify="left" if name == "mode" else "right")
+    for row in ratios:
+        table.add_row(
+            str(row["server_workers"]),
+            row["mode"],
+            str(row["workers"]),
+            _num(row["lockledger_cycles_per_s"]),
+            "-" if row["vs_eventsourcing_x"] is None else f"{row['vs_eventsourcing_x']:.2f}x",
+            "-" if row["vs_raw_sql_pct"] is None else f"{row['vs_raw_sql_pct']:.1f}%",
+            "-" if row["vs_noop_pct"] is None else f"{row['vs_noop_pct']:.1f}%",
+            "-" if row["vs_redis_pct"] is None else f"{row['vs_redis_pct']:.1f}%",
+            "-" if row.get("w256_vs_w64_pct") is None else f"{row['w256_vs_w64_pct']:.1f}%",
+        )
+    return table
+
+
+def goals_table(checks: list[dict[str, Any]]) -> Table:
+    table = Table(title="Issue 3's targets (W = 64, R = 100,000 unless named)", title_justify="left")
+    for name in ("check", "value", "goal", "met"):
+        table.add_column(name)
+    for check in checks:
+        ok = check["ok"]
+        met = "-" if ok is None else ("[green]yes[/green]" if ok else "[red]no[/red]")
+        table.add_row(escape(check["check"]), str(check["value"]), escape(check["goal"]), met)
+    return table
+
+
+def print_report(console: Console, cells: list[Cell], summary: dict[str, Any], renews: int) -> None:
+    console.print(cells_table(cells, renews))
+    if summary["ratios"]:
+        console.print(ratios_table(summary["ratios"]))
+    if summary["goals"]:
+        console.print(goals_table(summary["goals"]))
+    for note in summary["notes"]:
+        console.print(f"[yellow]note:[/yellow] {note}")
