@@ -70,6 +70,9 @@ async def test_each_plan_of_a_batch_stands_or_falls_on_its_own(
             )
         state, now = await _state(conn, free)
         assert await lock_store.commit(conn, _plan(state, Release(free, "bot1", 1), now)) is not None
+        # The renew is decided on the head as it was before its deadline (a reaper, such as the shared
+        # test server's, may expire the lease meanwhile: the commit must refuse either way).
+        renew_state, _ = await _state(conn, lapsed_renew)
         await asyncio.sleep(1.1)  # the two 1 s leases lapse
 
         plans = []
@@ -80,12 +83,10 @@ async def test_each_plan_of_a_batch_stands_or_falls_on_its_own(
         state, now = await _state(conn, stale)
         stale_state = LockState(resource=stale)  # decided on an outdated head (version 0, not 1)
         plans.append(_plan(stale_state, Acquire(stale, "bot2", 30_000), now))
-        state, now = await _state(conn, lapsed_renew)
         # Decided as if a moment before the deadline; at the append the lease has lapsed.
-        assert state.expires_at is not None
-        plans.append(
-            _plan(state, Renew(lapsed_renew, "bot1", 1), state.expires_at - timedelta(milliseconds=1))
-        )
+        assert renew_state.expires_at is not None
+        deadline = renew_state.expires_at
+        plans.append(_plan(renew_state, Renew(lapsed_renew, "bot1", 1), deadline - timedelta(milliseconds=1)))
         state, now = await _state(conn, lapsed_acquire)
         plans.append(_plan(state, Acquire(lapsed_acquire, "bot2", 30_000), now))
 
