@@ -10,13 +10,19 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
-from lockledger.dburl import DATABASE_URL_ENV
+from lockledger.dburl import DATABASE_URL_ENV, asyncpg_dsn
+
+if TYPE_CHECKING:
+    import asyncpg
+
+T = TypeVar("T")
 
 app = typer.Typer(no_args_is_help=True, help="lockledger: leases with fencing tokens, on an event log.")
 console = Console(stderr=True)
@@ -132,6 +138,17 @@ def run_reaper(database_url: DatabaseUrl = None) -> None:
         asyncio.run(main())
 
 
+async def _with_connection(url: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    """Run ``work`` on one connection as the URL's own role (the schema owner), then close it."""
+    import asyncpg
+
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        return await work(conn)
+    finally:
+        await conn.close()
+
+
 @app.command()
 def migrate(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
     """Create or upgrade the schema (tables, triggers, the service role's grants)."""
@@ -142,40 +159,28 @@ def migrate(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
 @app.command()
 def rebuild(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
     """Rebuild the lock_state projection from the event log (run as the schema owner)."""
-    import asyncpg
 
-    from lockledger.dburl import asyncpg_dsn
     from projections.rebuild import rebuild_lock_state
 
     url, _ = _resolve_database(database_url, data_dir)
 
-    async def main() -> int:
-        conn = await asyncpg.connect(asyncpg_dsn(url))
-        try:
-            return await rebuild_lock_state(conn)
-        finally:
-            await conn.close()
-
-    rows = asyncio.run(main())
+    rows = asyncio.run(_with_connection(url, rebuild_lock_state))
     console.print(f"[green]lock_state rebuilt from the log: {rows} resources[/green]")
 
 
 @app.command()
 def verify(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
     """Recompute every stream's hash chain; exit 1 and name the first broken link if any."""
-    import asyncpg
 
     from eventstore.verify import verify_chains
-    from lockledger.dburl import asyncpg_dsn
 
     url, _ = _resolve_database(database_url, data_dir)
 
     async def main() -> int:
-        conn = await asyncpg.connect(asyncpg_dsn(url))
-        try:
-            report = await verify_chains(conn, progress=lambda n: console.print(f"  {n:,} events verified"))
-        finally:
-            await conn.close()
+        report = await _with_connection(
+            url,
+            lambda conn: verify_chains(conn, progress=lambda n: console.print(f"  {n:,} events verified")),
+        )
         if report.broken:
             link = report.broken
             console.print(f"[red]BROKEN: stream {link.stream_id} version {link.version}: {link.reason}[/red]")

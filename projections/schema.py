@@ -6,9 +6,12 @@ and ``SELECT ... FOR UPDATE`` on it is where concurrent commands on one resource
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from sqlalchemy import BigInteger, CheckConstraint, Column, Index, Integer, Table, Text, text
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
+from domain.state import LockState
 from eventstore.schema import metadata
 
 lock_state = Table(
@@ -30,3 +33,25 @@ lock_state = Table(
     Index("lock_state_expires_at_idx", "expires_at", postgresql_where=text("status = 'held'")),
     Index("lock_state_resource_prefix_idx", text("resource text_pattern_ops")),
 )
+
+
+class Row(Protocol):
+    """A database row read by column name (an asyncpg Record, a dict)."""
+
+    def __getitem__(self, key: str) -> Any: ...
+
+
+def lock_state_from_row(resource: str, row: Row) -> LockState:
+    """The decider's view of a lock_state row (the initial state when the row's columns are NULL)."""
+    if row["version"] is None:
+        return LockState(resource=resource)
+    return LockState(
+        resource=resource,
+        version=row["version"],
+        status=row["status"],
+        owner=row["owner"],
+        fencing_token=row["fencing_token"],
+        ttl_ms=row["ttl_ms"],
+        expires_at=row["expires_at"],
+        ended_by=row["ended_by"],
+    )

@@ -29,6 +29,7 @@ import asyncpg
 from domain.events import GRANTING_EVENTS, Event, event_payload
 from domain.state import LockState
 from eventstore.connection import Connection
+from projections.schema import lock_state_from_row
 
 LOAD_SQL = """
 SELECT clock_timestamp() AS db_now,
@@ -194,18 +195,7 @@ async def load_many(conn: Connection, requests: list[tuple[str, str, str | None]
 
 
 def _snapshot(resource: str, row: asyncpg.Record) -> Snapshot:
-    state = LockState(resource=resource)
-    if row["version"] is not None:
-        state = LockState(
-            resource=resource,
-            version=row["version"],
-            status=row["status"],
-            owner=row["owner"],
-            fencing_token=row["fencing_token"],
-            ttl_ms=row["ttl_ms"],
-            expires_at=row["expires_at"],
-            ended_by=row["ended_by"],
-        )
+    state = lock_state_from_row(resource, row)
     stored = None
     if row["fingerprint"] is not None:
         stored = StoredOutcome(bytes(row["fingerprint"]), row["status_code"], row["response"])

@@ -24,6 +24,7 @@ from domain.events import event_from_payload
 from domain.resource import TtlBounds
 from domain.state import LockState
 from projections.rebuild import rebuild_lock_state
+from projections.schema import lock_state_from_row
 from service.lock_service import CommandContext, LockService
 from service.reaper import expire_due
 
@@ -128,15 +129,6 @@ async def test_rebuild_reproduces_lock_state_and_equals_a_fold_of_the_log(
             LockState(resource),
             [event_from_payload(resource, e["event_type"], json.loads(e["data"])) for e in streams[resource]],
         )
-        assert folded == LockState(
-            resource=resource,
-            version=row["version"],
-            status=row["status"],
-            owner=row["owner"],
-            fencing_token=row["fencing_token"],
-            ttl_ms=row["ttl_ms"],
-            expires_at=row["expires_at"],
-            ended_by=row["ended_by"],
-        )
+        assert folded == lock_state_from_row(resource, row)
         ended_by[folded.ended_by] += 1
     print(f"final states of the {RESOURCES} streams by ended_by: {dict(ended_by)}")
