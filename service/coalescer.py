@@ -8,7 +8,8 @@ path, so a lone command pays nothing.
 
 Requests that must not share a batch (two commits on one resource, or under one Idempotency-Key) say
 so through ``keys``; the later one waits for the next batch. If a batch fails as a whole, each of its
-requests is retried alone, so every caller gets exactly the outcome (or the error) of its own request.
+requests is retried alone, so every caller gets exactly the outcome (or the error) of its own request,
+except when the error says the database itself is unreachable (``retry_alone`` is false for it).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ class Coalescer(Generic[Request, Result]):
         max_in_flight: int = 4,
         max_batch: int = 256,
         keys: Callable[[Request], Iterable[Hashable]] | None = None,
+        retry_alone: Callable[[Exception], bool] = lambda error: True,
     ) -> None:
         self._run_one = run_one
         self._run_many = run_many
         self._max_in_flight = max_in_flight
         self._max_batch = max_batch
         self._keys = keys
+        self._retry_alone = retry_alone
         self._pending: list[tuple[Request, asyncio.Future[Result]]] = []
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
@@ -85,8 +88,15 @@ class Coalescer(Generic[Request, Result]):
         if len(batch) > 1:
             try:
                 results = await self._run_many([request for request, _ in batch])
-            except Exception:
-                pass  # retried one by one below, so each caller sees its own outcome
+            except Exception as error:
+                # Retried one by one below, so each caller sees its own outcome; unless the failure is
+                # not about the batch (the database is unreachable): then retrying alone would only
+                # multiply the wait, and everyone gets the error now.
+                if not self._retry_alone(error):
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(error)
+                    return
             else:
                 for (_, future), result in zip(batch, results, strict=True):
                     if not future.done():

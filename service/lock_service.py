@@ -29,6 +29,21 @@ def _plan_keys(plan: AppendPlan) -> tuple[tuple[str, ...], ...]:
     return keys
 
 
+def _about_the_batch(error: Exception) -> bool:
+    """Whether a failed batch's plans may succeed alone: yes for conflicts inside the batch (a key or
+    stream taken concurrently, a deadlock), no when the database cannot be reached or timed out."""
+    return not isinstance(
+        error,
+        OSError
+        | TimeoutError
+        | asyncpg.PostgresConnectionError
+        | asyncpg.InterfaceError
+        | asyncpg.QueryCanceledError
+        | asyncpg.CannotConnectNowError
+        | asyncpg.TooManyConnectionsError,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CommandContext:
     """Who asks, and how the request ties into a wider flow (stored in each event's metadata)."""
@@ -66,10 +81,19 @@ class LockService:
         batch = 256 if coalesce else 1
         in_flight = 4 if coalesce else pool.get_max_size()
         self._loads: Coalescer[_LoadRequest, Snapshot] = Coalescer(
-            self._load_one, self._load_many, max_in_flight=in_flight, max_batch=batch
+            self._load_one,
+            self._load_many,
+            max_in_flight=in_flight,
+            max_batch=batch,
+            retry_alone=_about_the_batch,
         )
         self._commits: Coalescer[AppendPlan, Committed | None] = Coalescer(
-            self._commit_one, self._commit_many, max_in_flight=in_flight, max_batch=batch, keys=_plan_keys
+            self._commit_one,
+            self._commit_many,
+            max_in_flight=in_flight,
+            max_batch=batch,
+            keys=_plan_keys,
+            retry_alone=_about_the_batch,
         )
 
     async def _load_one(self, request: _LoadRequest) -> Snapshot:

@@ -75,3 +75,14 @@ async def test_batches_respect_their_size_limit(max_batch: int) -> None:
     )
     await asyncio.gather(*(coalescer.submit(i) for i in range(20, 50)))
     assert max(len(batch) for batch in backend.batches) <= max_batch
+
+
+async def test_an_unreachable_database_fails_the_whole_batch_at_once() -> None:
+    """Retrying each request alone after a timeout would only multiply the wait."""
+    backend = _Backend(fail_many=True)
+    coalescer: Coalescer[int, int] = Coalescer(
+        backend.one, backend.many, max_in_flight=1, retry_alone=lambda error: False
+    )
+    outcomes = await asyncio.gather(*(coalescer.submit(i) for i in range(20, 30)), return_exceptions=True)
+    assert all(isinstance(outcome, RuntimeError) for outcome in outcomes)
+    assert backend.batches == []  # nothing was retried one by one
