@@ -21,7 +21,12 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"description": "the database is not answering"}})
 async def readyz(request: Request) -> Response:
-    """Ready to serve commands: the database answers within a second."""
+    """Ready to serve commands: the database answers within a second, and the guard that fails commands
+    fast while it does not is closed."""
+    if not request.app.state.lock_service.guard.available:
+        return problem(
+            503, "unavailable", "database unavailable (the guard is open)", headers={"Retry-After": "1"}
+        )
     try:
         async with asyncio.timeout(1.0):
             async with request.app.state.pool.acquire() as conn:

@@ -20,9 +20,9 @@ class Settings(BaseSettings):
     )
     pool_min_size: int = 2
     pool_max_size: int = 16
-    pool_acquire_timeout_s: float = Field(default=5.0, description="Wait for a free connection, then 503.")
+    pool_acquire_timeout_s: float = Field(default=2.0, description="Wait for a free connection, then 503.")
     statement_timeout_ms: int = Field(default=5_000, description="Per-statement bound on the server side.")
-    command_timeout_s: float = Field(default=5.0, description="Client-side bound on one database round trip.")
+    command_timeout_s: float = Field(default=2.0, description="Client-side bound on one database round trip.")
 
     ttl_min_ms: int = 1_000
     ttl_max_ms: int = 3_600_000

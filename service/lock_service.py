@@ -14,6 +14,7 @@ from domain.events import Event, LockForceReleased
 from domain.resource import TtlBounds
 from service import lock_store
 from service.coalescer import Coalescer
+from service.database_guard import DatabaseGuard, is_unreachable
 from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
 from service.lock_store import AppendPlan, Committed, Idempotency, Snapshot
@@ -31,17 +32,9 @@ def _plan_keys(plan: AppendPlan) -> tuple[tuple[str, ...], ...]:
 
 def _about_the_batch(error: Exception) -> bool:
     """Whether a failed batch's plans may succeed alone: yes for conflicts inside the batch (a key or
-    stream taken concurrently, a deadlock), no when the database cannot be reached or timed out."""
-    return not isinstance(
-        error,
-        OSError
-        | TimeoutError
-        | asyncpg.PostgresConnectionError
-        | asyncpg.InterfaceError
-        | asyncpg.QueryCanceledError
-        | asyncpg.CannotConnectNowError
-        | asyncpg.TooManyConnectionsError,
-    )
+    stream taken concurrently, a deadlock), no when the database cannot be reached or timed out (or the
+    guard already knows it cannot)."""
+    return not (is_unreachable(error) or isinstance(error, Unavailable))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +65,13 @@ class LockService:
         conflict_retries: int = 16,
         acquire_timeout_s: float = 5.0,
         coalesce: bool = True,
+        guard: DatabaseGuard | None = None,
     ) -> None:
         self._pool = pool
         self._bounds = bounds
         self._retries = conflict_retries
         self._acquire_timeout_s = acquire_timeout_s
+        self.guard = guard or DatabaseGuard()
         # Batches of one make a coalescer a plain pass-through (for measuring what coalescing gains).
         batch = 256 if coalesce else 1
         in_flight = 4 if coalesce else pool.get_max_size()
@@ -97,20 +92,32 @@ class LockService:
         )
 
     async def _load_one(self, request: _LoadRequest) -> Snapshot:
-        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-            return await lock_store.load(conn, *request)
+        async def work() -> Snapshot:
+            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+                return await lock_store.load(conn, *request)
+
+        return await self.guard.run(work)
 
     async def _load_many(self, requests: list[_LoadRequest]) -> list[Snapshot]:
-        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-            return await lock_store.load_many(conn, requests)
+        async def work() -> list[Snapshot]:
+            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+                return await lock_store.load_many(conn, requests)
+
+        return await self.guard.run(work)
 
     async def _commit_one(self, plan: AppendPlan) -> Committed | None:
-        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-            return await lock_store.commit(conn, plan)
+        async def work() -> Committed | None:
+            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+                return await lock_store.commit(conn, plan)
+
+        return await self.guard.run(work)
 
     async def _commit_many(self, plans: list[AppendPlan]) -> list[Committed | None]:
-        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-            return await lock_store.commit_many(conn, plans)
+        async def work() -> list[Committed | None]:
+            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+                return await lock_store.commit_many(conn, plans)
+
+        return await self.guard.run(work)
 
     async def execute(self, command: Command, ctx: CommandContext) -> CommandResult:
         """Run ``command`` to a decision that is committed, rejected (DomainError) or replayed."""

@@ -34,6 +34,7 @@ TEST_DATABASE_URL_ENV = "LOCKLEDGER_TEST_DATABASE_URL"
 
 @dataclass
 class TestDatabase:
+    __test__ = False  # a fixture value, not a test class
     url: str
     postgres_pid: int | None  # the embedded server's postmaster, for fault tests; None for an external one
 

@@ -1,0 +1,78 @@
+"""Failing fast while PostgreSQL is unreachable.
+
+Without a guard, every command would wait out its full timeout while the database is frozen or down,
+holding a request, a pool slot and a client's patience each. The guard is a circuit breaker (the same
+one the SDK uses, ``lockledger.breaker``) around every database round trip of the command path: once
+enough round trips time out or lose their connection it opens, and commands fail at once with 503
+``unavailable`` and ``Retry-After`` until a few probe round trips succeed again. Conflicts inside a batch
+(a key taken concurrently, a deadlock) say nothing about the database's health and do not count.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+
+from lockledger.breaker import BreakerConfig, CircuitBreaker, CircuitOpen, State
+from service.errors import Unavailable
+
+T = TypeVar("T")
+
+UNREACHABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.QueryCanceledError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+)
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """Whether an error says the database cannot be reached in time (rather than refused a statement)."""
+    return isinstance(error, UNREACHABLE)
+
+
+class DatabaseGuard:
+    def __init__(self, config: BreakerConfig | None = None) -> None:
+        self.breaker = CircuitBreaker(
+            config
+            or BreakerConfig(
+                failure_rate_threshold=50.0,
+                sliding_window_type="count",
+                sliding_window_size=20,
+                minimum_number_of_calls=4,
+                wait_duration_in_open_s=2.0,
+                permitted_calls_in_half_open=2,
+            ),
+            name="database",
+        )
+
+    @property
+    def available(self) -> bool:
+        return self.breaker.state not in (State.OPEN, State.FORCED_OPEN)
+
+    async def run(self, work: Callable[[], Awaitable[T]]) -> T:
+        try:
+            self.breaker.acquire_permission()
+        except CircuitOpen as error:
+            retry_after = math.ceil(error.retry_after_s) if error.retry_after_s else 1
+            raise Unavailable("the database is not answering; retry shortly", max(retry_after, 1)) from error
+        started = time.monotonic()
+        try:
+            result = await work()
+        except BaseException as error:
+            if is_unreachable(error):
+                self.breaker.on_error(time.monotonic() - started)
+            elif isinstance(error, Exception):
+                self.breaker.on_success(time.monotonic() - started)
+            else:
+                self.breaker.release_permission()
+            raise
+        self.breaker.on_success(time.monotonic() - started)
+        return result
