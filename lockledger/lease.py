@@ -1,0 +1,304 @@
+"""Managed leases: acquire (optionally waiting), renew in the background, know when the lease is lost.
+
+The safety rule. A renewal extends the server deadline to ``db_now + ttl`` where ``db_now`` is at or after
+the moment the request left this process, so ``t_sent + ttl`` on the local monotonic clock is never later
+than the server deadline. The lease keeps a *local deadline*
+``monotonic() taken before sending the last successful acquire/renew + ttl - safety margin`` and a
+watchdog sets ``lease.lost`` (and calls ``on_lost`` once) when that deadline passes without a newer
+successful renewal, or at once when a renewal answers ``lease_expired``/``not_holder``. So ``lost`` is set
+before the server could grant the lock to anyone else; the margin (``safety_margin * ttl``, a fraction,
+default 10 %) absorbs clock-rate drift and the time your code needs to notice.
+
+Renewals run every ``ttl / 3``: two consecutive failures still leave a third chance before the deadline.
+On exit the lease is released; once it was lost, the release is best effort and its errors are swallowed
+(the lease ends on its own, and raising would hide the caller's own exception).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+from lockledger.errors import LeaseExpired, LockHeld, LockLost, NotHolder
+
+if TYPE_CHECKING:
+    from lockledger.client import AsyncClient, Client, LeaseInfo
+
+__all__ = ["AsyncLease", "Lease"]
+
+log = logging.getLogger("lockledger.lease")
+
+_BACKOFF_INITIAL_S = 0.05
+_BACKOFF_MAX_S = 1.0
+
+
+def _backoff(attempt: int) -> float:
+    """Full-jitter exponential backoff for acquire-while-held, so waiting agents do not stampede."""
+    return random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_INITIAL_S * 2**attempt))
+
+
+class _LeaseState:
+    """What both twins share: the granted lease, the local deadline and the loss bookkeeping."""
+
+    def __init__(
+        self,
+        resource: str,
+        owner: str,
+        ttl: float,
+        wait: float,
+        on_lost: Callable[[LockLost], None] | None,
+        safety_margin: float,
+    ) -> None:
+        if ttl <= 0:
+            raise ValueError("ttl must be positive")
+        if not 0 <= safety_margin < 1:
+            raise ValueError("safety_margin is a fraction of ttl in [0, 1)")
+        self.resource = resource
+        self.owner = owner
+        self.ttl = ttl
+        self.wait = wait
+        self.safety_margin = safety_margin
+        self._on_lost = on_lost
+        self._lost_reported = False
+        self.lost_reason: str | None = None
+        self.fencing_token = 0
+        self.expires_at: datetime | None = None
+        self.deadline = 0.0  # local monotonic deadline
+        self.renewals = 0
+
+    @property
+    def ttl_ms(self) -> int:
+        return round(self.ttl * 1000)
+
+    @property
+    def renew_interval(self) -> float:
+        return self.ttl / 3
+
+    def _granted(self, info: LeaseInfo, sent_at: float) -> None:
+        self.fencing_token = info.fencing_token
+        self.expires_at = info.expires_at
+        self.deadline = max(self.deadline, sent_at + self.ttl * (1 - self.safety_margin))
+
+    def _report_lost(self, reason: str) -> LockLost | None:
+        """The LockLost to hand to ``on_lost``, the first time only."""
+        if self._lost_reported:
+            return None
+        self._lost_reported = True
+        self.lost_reason = reason
+        log.warning("lease lost", extra={"resource": self.resource, "reason": reason})
+        return LockLost(self.resource, self.fencing_token, reason)
+
+    def _call_on_lost(self, error: LockLost) -> None:
+        if self._on_lost is not None:
+            try:
+                self._on_lost(error)
+            except Exception:  # a broken callback must not kill the watchdog
+                log.exception("on_lost callback failed")
+
+    def _lost_error(self) -> LockLost:
+        return LockLost(self.resource, self.fencing_token, self.lost_reason or "lease lost")
+
+
+class AsyncLease(_LeaseState):
+    """``async with client.lock(...) as lease``: ``lease.lost`` is an ``asyncio.Event``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        resource: str,
+        owner: str,
+        ttl: float,
+        wait: float,
+        on_lost: Callable[[LockLost], None] | None,
+        safety_margin: float,
+    ) -> None:
+        super().__init__(resource, owner, ttl, wait, on_lost, safety_margin)
+        self._client = client
+        self.lost = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def check(self) -> None:
+        """Raise ``LockLost`` if the lease can no longer be guaranteed; call it before each fenced step."""
+        if self.lost.is_set():
+            raise self._lost_error()
+
+    def _mark_lost(self, reason: str) -> None:
+        error = self._report_lost(reason)
+        self.lost.set()
+        if error is not None:
+            self._call_on_lost(error)
+
+    async def _acquire(self) -> None:
+        give_up_at = time.monotonic() + self.wait
+        attempt = 0
+        while True:
+            sent_at = time.monotonic()
+            try:
+                info = await self._client.acquire(self.resource, self.owner, self.ttl_ms)
+            except LockHeld:
+                remaining = give_up_at - time.monotonic()
+                if remaining <= 0:
+                    raise
+                await asyncio.sleep(min(remaining, _backoff(attempt)))
+                attempt += 1
+                continue
+            self._granted(info, sent_at)
+            return
+
+    async def _renew_loop(self) -> None:
+        while not self.lost.is_set():
+            await asyncio.sleep(self.renew_interval)
+            sent_at = time.monotonic()
+            try:
+                # Never wait on a renewal past the local deadline: the watchdog has decided by then.
+                async with asyncio.timeout(max(0.0, self.deadline - sent_at)):
+                    info = await self._client.renew(
+                        self.resource, self.owner, self.fencing_token, self.ttl_ms
+                    )
+            except (LeaseExpired, NotHolder) as error:
+                self._mark_lost(f"renewal refused: {error.code}")
+                return
+            except Exception as error:  # transport, 5xx, CircuitOpen, timeout: try again
+                log.info("renewal failed, will retry", extra={"error": repr(error)})
+                continue
+            if not self.lost.is_set():
+                self._granted(info, sent_at)
+                self.renewals += 1
+
+    async def _watchdog(self) -> None:
+        """Its own task: a renewal stuck in retries must not delay noticing the deadline."""
+        while not self.lost.is_set():
+            remaining = self.deadline - time.monotonic()  # re-read: a renewal may have moved it
+            if remaining <= 0:
+                self._mark_lost("renewals failed until the local deadline passed")
+                return
+            await asyncio.sleep(remaining)
+
+    async def __aenter__(self) -> Self:
+        await self._acquire()
+        self._tasks = [asyncio.create_task(self._renew_loop()), asyncio.create_task(self._watchdog())]
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await self._client.release(self.resource, self.owner, self.fencing_token)
+        except Exception as error:
+            # Once lost, releasing is best effort (the lease ends on its own); before that, a failure to
+            # release is the caller's business.
+            if not self.lost.is_set():
+                raise
+            log.info("release after loss failed", extra={"error": repr(error)})
+        self.lost.set()  # the lease is over either way; late readers must not trust it
+
+
+class Lease(_LeaseState):
+    """``with client.lock(...) as lease``: renewals and the watchdog run in one daemon thread."""
+
+    def __init__(
+        self,
+        client: Client,
+        resource: str,
+        owner: str,
+        ttl: float,
+        wait: float,
+        on_lost: Callable[[LockLost], None] | None,
+        safety_margin: float,
+    ) -> None:
+        super().__init__(resource, owner, ttl, wait, on_lost, safety_margin)
+        self._client = client
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def check(self) -> None:
+        """Raise ``LockLost`` if the lease can no longer be guaranteed."""
+        if self.lost.is_set():
+            raise self._lost_error()
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._lock:
+            error = self._report_lost(reason)
+            self.lost.set()
+        if error is not None:
+            self._call_on_lost(error)
+
+    def _acquire(self) -> None:
+        give_up_at = time.monotonic() + self.wait
+        attempt = 0
+        while True:
+            sent_at = time.monotonic()
+            try:
+                info = self._client.acquire(self.resource, self.owner, self.ttl_ms)
+            except LockHeld:
+                remaining = give_up_at - time.monotonic()
+                if remaining <= 0:
+                    raise
+                time.sleep(min(remaining, _backoff(attempt)))
+                attempt += 1
+                continue
+            self._granted(info, sent_at)
+            return
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.renew_interval) and not self.lost.is_set():
+            sent_at = time.monotonic()
+            try:
+                info = self._client.renew(self.resource, self.owner, self.fencing_token, self.ttl_ms)
+            except (LeaseExpired, NotHolder) as error:
+                self._mark_lost(f"renewal refused: {error.code}")
+                return
+            except Exception as error:  # transport, 5xx, CircuitOpen: try again next tick
+                log.info("renewal failed, will retry", extra={"error": repr(error)})
+                continue
+            with self._lock:
+                if not self.lost.is_set():
+                    self._granted(info, sent_at)
+                    self.renewals += 1
+
+    def _watchdog(self) -> None:
+        """A separate thread: a renewal stuck in retries must not delay noticing the deadline."""
+        while not self.lost.is_set():
+            with self._lock:
+                remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                self._mark_lost("renewals failed until the local deadline passed")
+                return
+            if self._stop.wait(remaining):
+                return
+
+    def __enter__(self) -> Self:
+        self._acquire()
+        self._threads = [
+            threading.Thread(target=self._renew_loop, name=f"lockledger-renew-{self.resource}", daemon=True),
+            threading.Thread(target=self._watchdog, name=f"lockledger-watchdog-{self.resource}", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=self._client.retry_timeout_s + 1)
+        try:
+            self._client.release(self.resource, self.owner, self.fencing_token)
+        except Exception as error:
+            if not self.lost.is_set():
+                raise
+            log.info("release after loss failed", extra={"error": repr(error)})
+        self.lost.set()

@@ -1,0 +1,165 @@
+"""Managed leases against the real server: background renewals, waiting, loss detection, release."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+
+from lockledger import AsyncClient, BreakerConfig, CircuitBreaker, Client, LockHeld, LockLost
+from tests.conftest import ServerProcess
+
+pytestmark = pytest.mark.storage
+
+
+class Cuttable(httpx.AsyncBaseTransport):
+    """A real transport with a switch: once ``cut``, every request fails as if the network were gone."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.cut = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.cut:
+            raise httpx.ConnectError("network cut", request=request)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class SyncCuttable(httpx.BaseTransport):
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.cut = False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.cut:
+            raise httpx.ConnectError("network cut", request=request)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def test_lease_is_kept_alive_by_renewals_and_released(server: ServerProcess, resource: str) -> None:
+    async with AsyncClient(server.base_url) as client:
+        async with client.lock(resource, ttl=1.5) as lease:
+            assert lease.resource == resource
+            assert lease.owner == client.agent_id
+            assert lease.fencing_token >= 1
+            first_expiry = lease.expires_at
+            await asyncio.sleep(5.0)  # more than 3 x ttl
+            lease.check()
+            assert not lease.lost.is_set()
+            assert lease.renewals >= 6
+            assert lease.expires_at is not None
+            assert first_expiry is not None
+            assert lease.expires_at > first_expiry
+            assert (await client.get_lock(resource)).owner == client.agent_id
+        assert lease.lost.is_set()  # over: no longer to be trusted
+        types = [e.type for e in (await client.history(resource)).events]
+        assert (await client.get_lock(resource)).status == "free"
+    assert types[0] == "LOCK_ACQUIRED"
+    assert types[-1] == "LOCK_RELEASED"
+    assert types.count("LOCK_RENEWED") >= 6
+    assert "LOCK_EXPIRED" not in types
+
+
+async def test_wait_acquires_when_the_holder_releases_in_time(server: ServerProcess, resource: str) -> None:
+    async with AsyncClient(server.base_url) as client:
+        held = await client.acquire(resource, "other", ttl_ms=10_000)
+
+        async def release_soon() -> None:
+            await asyncio.sleep(0.5)
+            await client.release(resource, "other", held.fencing_token)
+
+        releaser = asyncio.create_task(release_soon())
+        started = time.monotonic()
+        async with client.lock(resource, owner="me", ttl=5, wait=3) as lease:
+            assert time.monotonic() - started >= 0.5
+            assert lease.fencing_token > held.fencing_token
+            assert lease.owner == "me"
+        await releaser
+
+
+async def test_wait_gives_up_with_lock_held(server: ServerProcess, resource: str) -> None:
+    async with AsyncClient(server.base_url) as client:
+        await client.acquire(resource, "other", ttl_ms=10_000)
+        started = time.monotonic()
+        with pytest.raises(LockHeld) as held:
+            async with client.lock(resource, ttl=5, wait=0.6):
+                pytest.fail("must not acquire")
+        assert 0.6 <= time.monotonic() - started < 2.0
+        assert held.value.holder == "other"
+        with pytest.raises(LockHeld):  # wait=0: a single attempt
+            async with client.lock(resource, ttl=5):
+                pytest.fail("must not acquire")
+
+
+async def test_lost_fires_before_the_server_deadline_when_renewals_fail(
+    server: ServerProcess, resource: str
+) -> None:
+    transport = Cuttable()
+    calls: list[LockLost] = []
+    lost_at: list[datetime] = []
+
+    def on_lost(error: LockLost) -> None:
+        lost_at.append(datetime.now(UTC))
+        calls.append(error)
+
+    breaker = CircuitBreaker(BreakerConfig(minimum_number_of_calls=2, sliding_window_size=4))
+    client = AsyncClient(server.base_url, transport=transport, breaker=breaker, retry_timeout_s=1.0)
+    async with client, client.lock(resource, ttl=1.5, on_lost=on_lost) as lease:
+        await asyncio.sleep(0.8)  # at least one renewal went through
+        assert lease.renewals >= 1
+        transport.cut = True
+        await asyncio.wait_for(lease.lost.wait(), timeout=3.0)
+        server_deadline = lease.expires_at  # from the last renewal that got through
+        assert server_deadline is not None
+        assert lost_at[0] < server_deadline
+        with pytest.raises(LockLost):
+            lease.check()
+        transport.cut = False
+    # exit released best effort (the breaker is still open): no error escapes a lost lease
+    assert len(calls) == 1
+    assert calls[0].resource == resource
+    assert calls[0].fencing_token == lease.fencing_token
+
+
+async def test_lost_fires_at_once_when_a_renewal_is_refused(server: ServerProcess, resource: str) -> None:
+    async with AsyncClient(server.base_url) as client, client.lock(resource, ttl=3) as lease:
+        await client.force_release(resource, "operator took the zone")
+        started = time.monotonic()
+        await asyncio.wait_for(lease.lost.wait(), timeout=3.0)
+        assert time.monotonic() - started < 1.5  # the next renewal (ttl/3), not the deadline
+        assert lease.lost_reason == "renewal refused: not_holder"
+        # exit swallowed the NotHolder of the release
+
+
+def test_sync_lease_renews_releases_and_detects_loss(server: ServerProcess, resource: str) -> None:
+    transport = SyncCuttable()
+    lost = threading.Event()
+    with Client(server.base_url, transport=transport, retry_timeout_s=1.0) as client:
+        with client.lock(resource, ttl=1.2, on_lost=lambda _: lost.set()) as lease:
+            time.sleep(1.5)
+            lease.check()
+            assert lease.renewals >= 2
+            assert client.get_lock(resource).owner == client.agent_id
+        assert client.get_lock(resource).status == "free"
+
+        with client.lock(resource, ttl=1.2, on_lost=lambda _: lost.set()) as lease:
+            transport.cut = True
+            assert lease.lost.wait(3.0)
+            lost_at = datetime.now(UTC)
+            server_deadline = lease.expires_at
+            assert server_deadline is not None
+            assert lost_at < server_deadline
+            assert lost.is_set()
+            with pytest.raises(LockLost):
+                lease.check()
+            transport.cut = False
