@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.problems import problem
+from service.errors import Unavailable
 
 router = APIRouter(tags=["operations"])
 
@@ -21,20 +22,22 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"description": "the database is not answering"}})
 async def readyz(request: Request) -> Response:
-    """Ready to serve commands: the database answers within a second, and the guard that fails commands
-    fast while it does not is closed."""
-    if not request.app.state.lock_service.guard.available:
-        return problem(
-            503, "unavailable", "database unavailable (the guard is open)", headers={"Retry-After": "1"}
-        )
+    """Ready to serve commands: a round trip through the same database guard as the commands succeeds
+    within a second. While the guard is open this answers 503 at once; once its wait has passed, this
+    check is one of the probes that close it again."""
+    pool = request.app.state.pool
+
+    async def probe() -> None:
+        async with asyncio.timeout(1.0), pool.acquire() as conn:
+            await conn.fetchval("SELECT 1")
+
     try:
-        async with asyncio.timeout(1.0):
-            async with request.app.state.pool.acquire() as conn:
-                await conn.fetchval("SELECT 1")
+        await request.app.state.lock_service.guard.run(probe)
     except Exception as error:  # any failure to reach the database means not ready
-        return problem(
-            503, "unavailable", f"database not ready: {type(error).__name__}", headers={"Retry-After": "1"}
+        detail = (
+            error.detail if isinstance(error, Unavailable) else f"database not ready: {type(error).__name__}"
         )
+        return problem(503, "unavailable", detail, headers={"Retry-After": "1"})
     return JSONResponse({"status": "ready"})
 
 

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from lockledger.breaker import BreakerConfig, CircuitBreaker, CircuitOpen, State
+from lockledger.breaker import BreakerConfig, CircuitBreaker, CircuitOpen
 from service.errors import Unavailable
 
 T = TypeVar("T")
@@ -52,10 +52,6 @@ class DatabaseGuard:
             ),
             name="database",
         )
-
-    @property
-    def available(self) -> bool:
-        return self.breaker.state not in (State.OPEN, State.FORCED_OPEN)
 
     async def run(self, work: Callable[[], Awaitable[T]]) -> T:
         try:

@@ -7,15 +7,18 @@ Needs the embedded test server (its processes are ours to freeze); skipped again
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 
 import httpx
 import psutil
 import pytest
 
+from lockledger import AsyncClient, BreakerConfig, CircuitBreaker, CircuitOpen, State, Unavailable
 from tests.conftest import ServerProcess, TestDatabase, free_port
 
 pytestmark = pytest.mark.storage
@@ -85,5 +88,84 @@ async def test_frozen_database_fails_fast_and_recovers(
                 f"/v1/locks/{unique_prefix}held/renew", json={"owner": "bot1", "fencing_token": token}
             )
             assert renewed.status_code == 200, renewed.text  # the lease granted before the outage survived
+    finally:
+        server.stop()
+
+
+def _state(breaker: CircuitBreaker) -> State:
+    """The breaker's state now (a call, so the type checker does not carry an earlier answer over)."""
+    return breaker.state
+
+
+async def test_sdk_breaker_opens_and_a_stalled_lease_knows_it_is_lost(
+    test_database: TestDatabase, unique_prefix: str
+) -> None:
+    """Issue 4's outage drill through the SDK: while PostgreSQL is frozen the client's breaker opens and
+    then refuses calls in well under 5 ms without I/O; a lease whose renewals stall sees `lost` before its
+    server-side deadline; after SIGCONT half-open probes close the breaker and a lease granted before the
+    outage is renewed."""
+    if test_database.postgres_pid is None:
+        pytest.skip("the database server is not ours to freeze")
+    server = ServerProcess(test_database.url, free_port(), {})
+    server.start()
+    breaker = CircuitBreaker(
+        BreakerConfig(
+            minimum_number_of_calls=3,
+            sliding_window_size=10,
+            wait_duration_in_open_s=1.0,
+            permitted_calls_in_half_open=2,
+        )
+    )
+    try:
+        async with AsyncClient(server.base_url, retry_attempts=1, breaker=breaker) as client:
+            kept = await client.acquire(f"{unique_prefix}kept", "bot1", ttl_ms=60_000)
+            lost_at: list[datetime] = []
+            stalled = client.lock(
+                f"{unique_prefix}stalled", ttl=2.0, on_lost=lambda _: lost_at.append(datetime.now(UTC))
+            )
+            lease = await stalled.__aenter__()
+            server_deadline = lease.expires_at
+            with frozen(test_database.postgres_pid):
+                outcomes = await asyncio.gather(
+                    *(client.acquire(f"{unique_prefix}x{i}", "bot2") for i in range(4)),
+                    return_exceptions=True,
+                )
+                assert all(isinstance(o, Unavailable | CircuitOpen) for o in outcomes), outcomes
+                # By now the server's own guard answers 503 at once, so a half-open probe fails fast and
+                # the client breaker is open again: keep calling until it refuses without I/O.
+                for i in range(20):
+                    try:
+                        await client.acquire(f"{unique_prefix}probe{i}", "bot2")
+                    except CircuitOpen:
+                        break
+                    except Unavailable:
+                        continue
+                assert _state(breaker) is State.OPEN
+                timings = []
+                for i in range(5):
+                    started = time.perf_counter()
+                    with pytest.raises(CircuitOpen):
+                        await client.acquire(f"{unique_prefix}y{i}", "bot2")
+                    timings.append(time.perf_counter() - started)
+                assert sorted(timings)[2] < 0.005, timings
+                await asyncio.wait_for(lease.lost.wait(), timeout=10)
+                assert server_deadline is not None
+                assert len(lost_at) == 1
+                assert lost_at[0] < server_deadline, (lost_at, server_deadline)  # before anyone could take it
+            await stalled.__aexit__(None, None, None)
+
+            deadline = time.monotonic() + 20
+            async with httpx.AsyncClient(base_url=server.base_url) as plain:  # the server's own guard closes
+                for _ in range(60):
+                    if (await plain.get("/readyz")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.3)
+            while _state(breaker) is not State.CLOSED and time.monotonic() < deadline:  # then the client's
+                await asyncio.sleep(0.3)
+                with contextlib.suppress(CircuitOpen, Unavailable):
+                    await client.get_lock(f"{unique_prefix}kept")
+            assert _state(breaker) is State.CLOSED
+            renewed = await client.renew(f"{unique_prefix}kept", "bot1", kept.fencing_token)
+            assert renewed.fencing_token == kept.fencing_token
     finally:
         server.stop()
