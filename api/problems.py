@@ -10,7 +10,6 @@ import json
 from datetime import datetime
 from typing import Any
 
-import asyncpg
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +17,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
+from service.database_guard import UNREACHABLE
 from service.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, ServiceError, Unavailable
 
 log = structlog.get_logger("lockledger.api")
@@ -143,15 +143,7 @@ def install(app: FastAPI) -> None:
             headers={"Retry-After": "1"},
         )
 
-    for error_type in (
-        OSError,
-        TimeoutError,
-        asyncpg.PostgresConnectionError,
-        asyncpg.InterfaceError,
-        asyncpg.QueryCanceledError,
-        asyncpg.CannotConnectNowError,
-        asyncpg.TooManyConnectionsError,
-    ):
+    for error_type in UNREACHABLE:
         app.add_exception_handler(error_type, database_unavailable)
 
     @app.exception_handler(Exception)
