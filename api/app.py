@@ -61,4 +61,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     if settings.bench_noop:
         app.include_router(noop.router)
+    problems.document(app)
     return app

@@ -150,3 +150,42 @@ def install(app: FastAPI) -> None:
     async def internal_error(request: Request, error: Exception) -> Response:
         log.exception("unhandled error", path=request.url.path)
         return problem(500, "internal_error", "an unexpected error occurred", instance=request.url.path)
+
+
+def document(app: FastAPI) -> None:
+    """Make the OpenAPI say what the handlers above do: every validation error (422) is problem+json,
+    not FastAPI's default ``HTTPValidationError`` JSON, and every operation may answer 503 ``unavailable``."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        problem_schema = {
+            "type": "object",
+            "required": ["type", "title", "status", "code", "detail"],
+            "properties": {
+                "type": {"type": "string"},
+                "title": {"type": "string"},
+                "status": {"type": "integer"},
+                "code": {"type": "string"},
+                "detail": {"type": "string"},
+                "instance": {"type": "string"},
+            },
+        }
+        schema.setdefault("components", {}).setdefault("schemas", {})["ProblemDetails"] = problem_schema
+        reference = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}}
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                responses = operation.setdefault("responses", {})
+                for status, description in (("422", "Validation error"), ("503", "Service unavailable")):
+                    responses[status] = {"description": description, "content": reference}
+                for status, response in responses.items():
+                    if status.startswith(("4", "5")):
+                        response["content"] = reference
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
