@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
 from service.database_guard import UNREACHABLE
-from service.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, ServiceError, Unavailable
+from service.errors import IdempotencyKeyReused, ServiceError, Unavailable
 
 log = structlog.get_logger("lockledger.api")
 
@@ -45,7 +45,6 @@ _STATUS = {
     LeaseExpired: 410,
     InvalidCommand: 422,
     IdempotencyKeyReused: 422,
-    IdempotencyKeyInProgress: 409,
     Unavailable: 503,
 }
 

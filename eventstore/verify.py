@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from eventstore.connection import Connection
 
@@ -33,12 +33,9 @@ def event_hash(
     metadata: str,
     recorded_at: datetime,
 ) -> bytes:
-    micros = (recorded_at - _EPOCH) // _MICROSECOND
+    micros = (recorded_at - _EPOCH) // timedelta(microseconds=1)
     text = "|".join([stream_id, str(version), event_id, event_type, data, metadata, str(micros)])
     return hashlib.sha256(previous + text.encode()).digest()
-
-
-_MICROSECOND = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC) - _EPOCH
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,8 +88,12 @@ async def list_locks(
     cursor: str | None = None,
     limit: int = 100,
 ) -> LockPage:
-    """Live leases (held, deadline ahead), ordered by resource; ``cursor`` is the last resource seen."""
-    now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+    """Live leases (held, deadline ahead), ordered by resource; ``cursor`` is the last resource seen.
+
+    "Now" is the statement's own start time, one instant for every row and the moment its snapshot was
+    taken, so the page needs a single round trip.
+    """
+    now = func.statement_timestamp()
     conditions = [lock_state.c.status == "held", lock_state.c.expires_at > now]
     if holder is not None:
         conditions.append(lock_state.c.owner == holder)
@@ -100,10 +104,13 @@ async def list_locks(
     if cursor is not None:
         conditions.append(lock_state.c.resource > cursor)
     sql, params = compile_query(
-        select(lock_state).where(and_(*conditions)).order_by(lock_state.c.resource).limit(limit + 1)
+        select(lock_state, now.label("db_now"))
+        .where(and_(*conditions))
+        .order_by(lock_state.c.resource)
+        .limit(limit + 1)
     )
     rows = await conn.fetch(sql, *params)
-    items = [_view(row, now) for row in rows[:limit]]
+    items = [_view(row, row["db_now"]) for row in rows[:limit]]
     next_cursor = items[-1].resource if len(rows) > limit else None
     return LockPage(items, next_cursor)
 

@@ -17,12 +17,6 @@ class IdempotencyKeyReused(ServiceError):
     code = "idempotency_key_reused"
 
 
-class IdempotencyKeyInProgress(ServiceError):
-    """Another request with this key is still running (409); retry after a moment."""
-
-    code = "idempotency_key_in_progress"
-
-
 class Unavailable(ServiceError):
     """The database cannot be reached, or a resource is too contended to decide in bounded time (503)."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -53,7 +53,6 @@ class CommandResult:
     status_code: int
     body: str  # JSON, byte for byte what a replay of the same Idempotency-Key returns
     replayed: bool = False
-    events: list[Event] = field(default_factory=list)
 
 
 class LockService:
@@ -155,7 +154,7 @@ class LockService:
                 # load sees its outcome.
                 continue
             if committed is not None:
-                return CommandResult(status_code, committed.response, events=events)
+                return CommandResult(status_code, committed.response)
         raise Unavailable(f"{command.resource} is too contended to decide now; retry", retry_after_s=1)
 
 

@@ -22,7 +22,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -115,8 +115,7 @@ remembered AS (
      WHERE $16::text IS NOT NULL
  RETURNING 1
 )
-SELECT stamped.ts, stamped.new_expires_at, response.body::text AS response,
-       (SELECT count(*) FROM appended) AS appended
+SELECT response.body::text AS response
   FROM stamped, response
 """
 
@@ -163,9 +162,7 @@ class AppendPlan:
 
 @dataclass(frozen=True, slots=True)
 class Committed:
-    recorded_at: datetime
-    expires_at: datetime | None
-    response: str
+    response: str  # the JSON body, byte for byte what the Idempotency-Key record holds
 
 
 # The same read for many commands at once: one round trip for every command waiting to load.
@@ -202,8 +199,31 @@ def _snapshot(resource: str, row: asyncpg.Record) -> Snapshot:
     return Snapshot(db_now=row["db_now"], state=state, stored=stored)
 
 
-def _parameters(plan: AppendPlan) -> list[Any]:
-    """The commit statement's parameters for one plan ($1..$19, see ``_EXISTING_HEAD``)."""
+class _Parameters(NamedTuple):
+    """The commit statement's parameters for one plan, in ``$1..$19`` order (see ``_EXISTING_HEAD``)."""
+
+    resource: str
+    expected_version: int
+    require_live: bool
+    grant_ttl_ms: int | None
+    event_types: list[str]
+    event_data: list[str]
+    event_ids: list[uuid.UUID]
+    metadata: str
+    status: str
+    owner: str | None
+    fencing_token: int
+    ttl_ms: int | None
+    ended_expires_at: datetime | None
+    ended_by: str | None
+    principal: str
+    key: str | None
+    fingerprint: bytes
+    status_code: int
+    response: str
+
+
+def _parameters(plan: AppendPlan) -> _Parameters:
     granting = plan.events[-1].type in GRANTING_EVENTS
     payloads = []
     for index, event in enumerate(plan.events):
@@ -212,36 +232,34 @@ def _parameters(plan: AppendPlan) -> list[Any]:
             del payload["expires_at"]  # stamped by the statement from its own clock
         payloads.append(json.dumps(payload, separators=(",", ":")))
     new = plan.new_state
-    return [
-        new.resource,
-        plan.expected_version,
-        plan.require_live,
-        new.ttl_ms if granting else None,
-        [event.type for event in plan.events],
-        payloads,
-        [uuid.uuid4() for _ in plan.events],
-        json.dumps(plan.metadata, separators=(",", ":")),
-        new.status,
-        new.owner,
-        new.fencing_token,
-        new.ttl_ms,
-        None if granting else new.expires_at,
-        new.ended_by,
-        plan.idempotency.principal,
-        plan.idempotency.key,
-        plan.idempotency.fingerprint,
-        plan.status_code,
-        json.dumps(plan.response, separators=(",", ":")),
-    ]
+    return _Parameters(
+        resource=new.resource,
+        expected_version=plan.expected_version,
+        require_live=plan.require_live,
+        grant_ttl_ms=new.ttl_ms if granting else None,
+        event_types=[event.type for event in plan.events],
+        event_data=payloads,
+        event_ids=[uuid.uuid4() for _ in plan.events],
+        metadata=json.dumps(plan.metadata, separators=(",", ":")),
+        status=new.status,
+        owner=new.owner,
+        fencing_token=new.fencing_token,
+        ttl_ms=new.ttl_ms,
+        ended_expires_at=None if granting else new.expires_at,
+        ended_by=new.ended_by,
+        principal=plan.idempotency.principal,
+        key=plan.idempotency.key,
+        fingerprint=plan.idempotency.fingerprint,
+        status_code=plan.status_code,
+        response=json.dumps(plan.response, separators=(",", ":")),
+    )
 
 
 async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
     """Append the plan in one statement; ``None`` when the stream moved on (decide again)."""
     sql = COMMIT_NEW_SQL if plan.expected_version == 0 else COMMIT_EXISTING_SQL
     row = await conn.fetchrow(sql, *_parameters(plan))
-    if row is None:
-        return None
-    return Committed(recorded_at=row["ts"], expires_at=row["new_expires_at"], response=row["response"])
+    return None if row is None else Committed(row["response"])
 
 
 # Many plans, on distinct resources and keys, in one statement and so one transaction (and one WAL
@@ -331,7 +349,7 @@ remembered AS (
      WHERE key IS NOT NULL
  RETURNING 1
 )
-SELECT cmd, ts, new_expires_at, body::text AS response FROM answered
+SELECT cmd, body::text AS response FROM answered
 """
 
 
@@ -345,43 +363,18 @@ async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committ
     event_columns: list[list[Any]] = [[] for _ in range(5)]
     for number, plan in enumerate(plans, start=1):
         p = _parameters(plan)
-        per_command = [
-            p[0],
-            p[1],
-            p[2],
-            p[3],
-            len(plan.events),
-            p[8],
-            p[9],
-            p[10],
-            p[11],
-            p[12],
-            p[13],
-            p[14],
-            p[15],
-            p[16],
-            p[17],
-            p[18],
-            p[7],
-            any(e.type == "LOCK_ACQUIRED" for e in plan.events),
-        ]
+        per_command: tuple[Any, ...] = (  # in COMMIT_MANY_SQL's $1..$18 order
+            p.resource, p.expected_version, p.require_live, p.grant_ttl_ms, len(p.event_types), p.status,
+            p.owner, p.fencing_token, p.ttl_ms, p.ended_expires_at, p.ended_by, p.principal, p.key,
+            p.fingerprint, p.status_code, p.response, p.metadata, "LOCK_ACQUIRED" in p.event_types,
+        )  # fmt: skip
         for column, value in zip(columns, per_command, strict=True):
             column.append(value)
-        for ordinal, (event_type, payload, event_id) in enumerate(
-            zip(p[4], p[5], p[6], strict=True), start=1
-        ):
-            for column, value in zip(
-                event_columns, (number, ordinal, event_type, payload, event_id), strict=True
-            ):
+        events = zip(p.event_types, p.event_data, p.event_ids, strict=True)
+        for ordinal, (event_type, payload, event_id) in enumerate(events, start=1):
+            values: tuple[Any, ...] = (number, ordinal, event_type, payload, event_id)
+            for column, value in zip(event_columns, values, strict=True):
                 column.append(value)
     rows = await conn.fetch(COMMIT_MANY_SQL, *columns, *event_columns)
-    by_command = {row["cmd"]: row for row in rows}
-    results: list[Committed | None] = []
-    for number in range(1, len(plans) + 1):
-        row = by_command.get(number)
-        results.append(
-            None
-            if row is None
-            else Committed(recorded_at=row["ts"], expires_at=row["new_expires_at"], response=row["response"])
-        )
-    return results
+    by_command = {row["cmd"]: Committed(row["response"]) for row in rows}
+    return [by_command.get(number) for number in range(1, len(plans) + 1)]
