@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/lockledger serve
+	$(BIN)/lockledger serve --dev
 
 test: $(STAMP)
 	$(BIN)/pytest

@@ -6,13 +6,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import structlog
 from fastapi import FastAPI
 
 from api import commands, health, noop, problems, queries
+from service.authenticator import Authenticator
 from service.config import Settings
 from service.database import create_pool
 from service.lock_service import LockService
 from service.reaper import Reaper
+
+log = structlog.get_logger("lockledger.api")
 
 DESCRIPTION = """
 A distributed lock service for fleets of agents, event-sourced on PostgreSQL.
@@ -21,6 +25,10 @@ Acquire a lease with `POST /v1/locks/{resource}/acquire`, keep it alive with `re
 and `release` it. Every success returns a **fencing token** that strictly increases per resource: pass it
 to downstream systems and have them reject older tokens. Send an `Idempotency-Key` header on every command
 so a retry after a timeout never takes a second lock or releases twice.
+
+Every call but health and docs needs an API token (`Authorization: Bearer llt_...`, from `lockledger
+tokens create --name NAME --role ROLE`): role `agent` holds leases as the token's name, `dashboard` reads
+lock state, `investigator` also reads history, `admin` may do everything including force-release.
 
 Errors are `application/problem+json` with a stable `code`.
 """
@@ -40,6 +48,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             acquire_timeout_s=settings.pool_acquire_timeout_s,
             coalesce=settings.coalesce,
         )
+        app.state.authenticator = (
+            None
+            if settings.dev_mode
+            else Authenticator(
+                pool,
+                app.state.lock_service.guard,
+                ttl_s=settings.auth_cache_s,
+                acquire_timeout_s=settings.pool_acquire_timeout_s,
+            )
+        )
+        if settings.dev_mode:
+            log.warning("DEV MODE: authentication is off; every caller is an anonymous admin")
         reaper_task = None
         reaper = None
         if settings.reaper_enabled:

@@ -1,12 +1,18 @@
-"""Command endpoints: acquire, renew (heartbeat), release, force-release."""
+"""Command endpoints: acquire, renew (heartbeat), release, force-release.
+
+With authentication on, the lease owner is the caller's principal: the body's ``owner`` may be left out,
+and if given must be the principal's name (403 otherwise). In dev mode the body names the owner.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
+from api.auth import require
 from api.dependencies import ResourcePath, command_context, lock_service
 from api.models import (
     AcquireRequest,
@@ -18,21 +24,50 @@ from api.models import (
     ReleaseRequest,
     RenewRequest,
 )
+from domain.access import Action, Principal
 from domain.commands import Acquire, Command, ForceRelease, Release, Renew
+from domain.errors import NotOwner
+from service.errors import Forbidden
 from service.lock_service import CommandContext, LockService
 
 router = APIRouter(prefix="/v1/locks", tags=["commands"])
 
 Context = Annotated[CommandContext, Depends(command_context)]
 Service = Annotated[LockService, Depends(lock_service)]
+Holder = Annotated[Principal, Depends(require(Action.HOLD))]
+Admin = Annotated[Principal, Depends(require(Action.FORCE_RELEASE))]
 
 
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": Problem, "content": {"application/problem+json": {}}} for status in statuses}
 
 
-async def _run(service: LockService, command: Command, ctx: CommandContext) -> Response:
-    result = await service.execute(command, ctx)
+def lease_owner(claimed: str | None, caller: Principal) -> str:
+    """The lease owner a command acts as: the principal, or in dev mode whoever the body names."""
+    if not caller.authenticated:
+        if claimed is None:
+            raise RequestValidationError(
+                [
+                    {
+                        "loc": ("body", "owner"),
+                        "msg": "Field required without authentication",
+                        "type": "missing",
+                    }
+                ]
+            )
+        return claimed
+    if claimed is not None and claimed != caller.name:
+        raise Forbidden(f"authenticated as {caller.name}; a command cannot act as {claimed}")
+    return caller.name
+
+
+async def _run(service: LockService, command: Command, ctx: CommandContext, caller: Principal) -> Response:
+    try:
+        result = await service.execute(command, ctx)
+    except NotOwner as error:
+        if caller.authenticated:
+            raise Forbidden(f"the lease on {error.resource} belongs to {error.holder}") from error
+        raise
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
     return Response(
         result.body, status_code=result.status_code, media_type="application/json", headers=headers
@@ -41,28 +76,40 @@ async def _run(service: LockService, command: Command, ctx: CommandContext) -> R
 
 @router.post("/{resource}/acquire", status_code=201, response_model=Lease, responses=_problems(409, 422, 503))
 async def acquire(
-    resource: ResourcePath, body: AcquireRequest, request: Request, ctx: Context, service: Service
+    resource: ResourcePath,
+    body: AcquireRequest,
+    request: Request,
+    caller: Holder,
+    ctx: Context,
+    service: Service,
 ) -> Response:
     """Take the lock for `ttl_ms`. 409 `lock_held` names the holder and its deadline."""
     ttl_ms = body.ttl_ms if body.ttl_ms is not None else request.app.state.settings.ttl_default_ms
-    return await _run(service, Acquire(resource, body.owner, ttl_ms), ctx)
+    return await _run(service, Acquire(resource, lease_owner(body.owner, caller), ttl_ms), ctx, caller)
 
 
 @router.post("/{resource}/renew", response_model=Lease, responses=_problems(409, 410, 422, 503))
-async def renew(resource: ResourcePath, body: RenewRequest, ctx: Context, service: Service) -> Response:
-    """The heartbeat: extend the lease from now. 410 `lease_expired` once its deadline has passed."""
-    return await _run(service, Renew(resource, body.owner, body.fencing_token, body.ttl_ms), ctx)
+async def renew(
+    resource: ResourcePath, body: RenewRequest, caller: Holder, ctx: Context, service: Service
+) -> Response:
+    """The heartbeat: extend the lease from now. 410 `lease_expired` once its deadline has passed;
+    403 when the lease is another principal's."""
+    command = Renew(resource, lease_owner(body.owner, caller), body.fencing_token, body.ttl_ms)
+    return await _run(service, command, ctx, caller)
 
 
 @router.post("/{resource}/release", response_model=Released, responses=_problems(409, 410, 422, 503))
-async def release(resource: ResourcePath, body: ReleaseRequest, ctx: Context, service: Service) -> Response:
-    """End the lease now so the next agent need not wait for the deadline."""
-    return await _run(service, Release(resource, body.owner, body.fencing_token), ctx)
+async def release(
+    resource: ResourcePath, body: ReleaseRequest, caller: Holder, ctx: Context, service: Service
+) -> Response:
+    """End the lease now so the next agent need not wait for the deadline; 403 when it is another's."""
+    command = Release(resource, lease_owner(body.owner, caller), body.fencing_token)
+    return await _run(service, command, ctx, caller)
 
 
 @router.post("/{resource}/force-release", response_model=ForceReleased, responses=_problems(422, 503))
 async def force_release(
-    resource: ResourcePath, body: ForceReleaseRequest, ctx: Context, service: Service
+    resource: ResourcePath, body: ForceReleaseRequest, caller: Admin, ctx: Context, service: Service
 ) -> Response:
     """Admin: end whatever lease is live, recording why. A free lock is left as it is (`released: false`)."""
-    return await _run(service, ForceRelease(resource, body.reason), ctx)
+    return await _run(service, ForceRelease(resource, body.reason), ctx, caller)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Header, Path, Request
+from fastapi import Depends, Header, Path, Request
 
+from api.auth import current_principal
+from domain.access import Principal
 from domain.resource import RESOURCE_PATTERN
 from service.idempotency import MAX_KEY_LENGTH
 from service.lock_service import CommandContext, LockService
@@ -22,6 +24,7 @@ ResourcePath = Annotated[
 
 
 async def command_context(
+    principal: Annotated[Principal, Depends(current_principal)],
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -34,9 +37,9 @@ async def command_context(
     correlation_id: Annotated[str | None, Header(alias="X-Correlation-ID", max_length=200)] = None,
     causation_id: Annotated[str | None, Header(alias="X-Causation-ID", max_length=200)] = None,
 ) -> CommandContext:
-    # Authentication comes with the security issue; until then every caller is one principal.
+    # Idempotency-Keys are scoped to the principal: one agent's key never replays another's response.
     return CommandContext(
-        principal="anonymous",
+        principal=principal.name,
         idempotency_key=idempotency_key,
         correlation_id=correlation_id,
         causation_id=causation_id,

@@ -9,7 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from domain.resource import OWNER_PATTERN
 
-Owner = Field(pattern=OWNER_PATTERN, min_length=1, max_length=200, description="The agent holding the lease.")
+Owner = Field(
+    default=None,
+    pattern=OWNER_PATTERN,
+    min_length=1,
+    max_length=200,
+    description="The agent holding the lease. With authentication it is the token's name: leave it out, or"
+    " send that name (anything else is 403). Required in dev mode.",
+)
 
 
 class _Body(BaseModel):
@@ -17,20 +24,20 @@ class _Body(BaseModel):
 
 
 class AcquireRequest(_Body):
-    owner: str = Owner
+    owner: str | None = Owner
     ttl_ms: int | None = Field(
         default=None, description="Lease length; the server default (30 s) if omitted."
     )
 
 
 class RenewRequest(_Body):
-    owner: str = Owner
+    owner: str | None = Owner
     fencing_token: int = Field(ge=1, le=2**62)
     ttl_ms: int | None = Field(default=None, description="New lease length; the current one if omitted.")
 
 
 class ReleaseRequest(_Body):
-    owner: str = Owner
+    owner: str | None = Owner
     fencing_token: int = Field(ge=1, le=2**62)
 
 

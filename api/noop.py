@@ -15,6 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
+from api.commands import Holder, lease_owner
 from api.dependencies import ResourcePath, command_context
 from api.models import AcquireRequest, ReleaseRequest, RenewRequest
 from service.lock_service import CommandContext
@@ -38,20 +39,21 @@ def _lease(resource: str, owner: str, token: int, ttl_ms: int, status: int) -> R
 
 
 @router.post("/{resource}/acquire", status_code=201)
-async def acquire(resource: ResourcePath, body: AcquireRequest, ctx: Context) -> Response:
-    return _lease(resource, body.owner, next(_tokens), body.ttl_ms or 30_000, 201)
+async def acquire(resource: ResourcePath, body: AcquireRequest, caller: Holder, ctx: Context) -> Response:
+    return _lease(resource, lease_owner(body.owner, caller), next(_tokens), body.ttl_ms or 30_000, 201)
 
 
 @router.post("/{resource}/renew")
-async def renew(resource: ResourcePath, body: RenewRequest, ctx: Context) -> Response:
-    return _lease(resource, body.owner, body.fencing_token, body.ttl_ms or 30_000, 200)
+async def renew(resource: ResourcePath, body: RenewRequest, caller: Holder, ctx: Context) -> Response:
+    owner = lease_owner(body.owner, caller)
+    return _lease(resource, owner, body.fencing_token, body.ttl_ms or 30_000, 200)
 
 
 @router.post("/{resource}/release")
-async def release(resource: ResourcePath, body: ReleaseRequest, ctx: Context) -> Response:
+async def release(resource: ResourcePath, body: ReleaseRequest, caller: Holder, ctx: Context) -> Response:
     payload = {
         "resource": resource,
-        "owner": body.owner,
+        "owner": lease_owner(body.owner, caller),
         "fencing_token": body.fencing_token,
         "released": True,
     }

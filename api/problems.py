@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
 from service.database_guard import UNREACHABLE
-from service.errors import IdempotencyKeyReused, ServiceError, Unavailable
+from service.errors import Forbidden, IdempotencyKeyReused, ServiceError, Unauthorized, Unavailable
 
 log = structlog.get_logger("lockledger.api")
 
@@ -45,6 +45,8 @@ _STATUS = {
     LeaseExpired: 410,
     InvalidCommand: 422,
     IdempotencyKeyReused: 422,
+    Unauthorized: 401,
+    Forbidden: 403,
     Unavailable: 503,
 }
 
@@ -95,7 +97,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, error: ServiceError) -> Response:
-        headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Unavailable) else None
+        headers: dict[str, str] | None = None
+        if isinstance(error, Unavailable):
+            headers = {"Retry-After": str(error.retry_after_s)}
+        elif isinstance(error, Unauthorized):
+            headers = {"WWW-Authenticate": 'Bearer realm="lockledger"'}
         return problem(
             _STATUS.get(type(error), 409),
             error.code,
@@ -153,7 +159,8 @@ def install(app: FastAPI) -> None:
 
 def document(app: FastAPI) -> None:
     """Make the OpenAPI say what the handlers above do: every validation error (422) is problem+json,
-    not FastAPI's default ``HTTPValidationError`` JSON, and every operation may answer 503 ``unavailable``."""
+    not FastAPI's default ``HTTPValidationError`` JSON, every operation may answer 503 ``unavailable``, and
+    every operation behind a token may answer 401 and 403."""
     from fastapi.openapi.utils import get_openapi
 
     def openapi() -> dict[str, Any]:
@@ -179,7 +186,13 @@ def document(app: FastAPI) -> None:
         for path in schema.get("paths", {}).values():
             for operation in path.values():
                 responses = operation.setdefault("responses", {})
-                for status, description in (("422", "Validation error"), ("503", "Service unavailable")):
+                answers = [("422", "Validation error"), ("503", "Service unavailable")]
+                if operation.get("security"):
+                    answers += [
+                        ("401", "No valid API token"),
+                        ("403", "The token's role does not allow this"),
+                    ]
+                for status, description in answers:
                     responses[status] = {"description": description, "content": reference}
                 for status, response in responses.items():
                     if status.startswith(("4", "5")):

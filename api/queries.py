@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
+from api.auth import require
 from api.dependencies import ResourcePath
 from api.models import History, HistoryEvent, LockInfo, LockList
+from domain.access import Action
 from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
 from projections import queries
 
 router = APIRouter(prefix="/v1/locks", tags=["queries"])
 
 
-@router.get("", response_model=LockList)
+ReadState = [Depends(require(Action.READ_STATE))]
+
+
+@router.get("", response_model=LockList, dependencies=ReadState)
 async def list_locks(
     request: Request,
     holder: Annotated[str | None, Query(pattern=OWNER_PATTERN, max_length=200)] = None,
@@ -36,7 +41,12 @@ async def list_locks(
     return LockList(items=[LockInfo(**v.as_json()) for v in page.items], next_cursor=page.next_cursor)
 
 
-@router.get("/{resource}", response_model=LockInfo, responses={404: {"description": "never locked"}})
+@router.get(
+    "/{resource}",
+    response_model=LockInfo,
+    responses={404: {"description": "never locked"}},
+    dependencies=ReadState,
+)
 async def get_lock(resource: ResourcePath, request: Request) -> LockInfo:
     async with request.app.state.pool.acquire() as conn:
         view = await queries.get_lock(conn, resource)
@@ -45,7 +55,9 @@ async def get_lock(resource: ResourcePath, request: Request) -> LockInfo:
     return LockInfo(**view.as_json())
 
 
-@router.get("/{resource}/history", response_model=History)
+@router.get(
+    "/{resource}/history", response_model=History, dependencies=[Depends(require(Action.READ_HISTORY))]
+)
 async def history(
     resource: ResourcePath,
     request: Request,

@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
-from domain.errors import InvalidCommand, LeaseExpired, LockHeld, NotHolder
+from domain.errors import InvalidCommand, LeaseExpired, LockHeld, NotHolder, NotOwner
 from domain.events import (
     LOCK_EXPIRED,
     Event,
@@ -116,7 +116,9 @@ def _acquire(state: LockState, command: Acquire, now: datetime) -> list[Event]:
 
 def _check_holder(state: LockState, owner: str, token: int, now: datetime) -> None:
     """Renew and release need the current lease's owner and token, and a lease still live."""
-    if state.fencing_token == 0 or owner != state.owner or token != state.fencing_token:
+    if state.owner is not None and owner != state.owner:
+        raise NotOwner(state.resource, owner, state.owner)
+    if state.fencing_token == 0 or token != state.fencing_token:
         raise NotHolder(state.resource, f"{owner} does not hold {state.resource} with token {token}")
     if state.is_lapsed(now) or (state.status == "free" and state.ended_by == LOCK_EXPIRED):
         assert state.expires_at is not None

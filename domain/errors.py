@@ -38,6 +38,16 @@ class NotHolder(DomainError):
     code = "not_holder"
 
 
+class NotOwner(NotHolder):
+    """The lease belongs to another owner. Without authentication this is just ``not_holder`` (anyone may
+    claim any owner id); with it, the API answers 403: the caller is authenticated as someone else."""
+
+    def __init__(self, resource: str, owner: str, holder: str) -> None:
+        super().__init__(resource, f"{owner} does not hold {resource}; {holder} does")
+        self.owner = owner
+        self.holder = holder
+
+
 class LeaseExpired(DomainError):
     """The caller's lease reached its deadline; it can never be renewed or released again."""
 

@@ -1,4 +1,4 @@
-"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, bench.
+"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, tokens, bench.
 
 Server packages are imported inside each command, so `lockledger --help` stays fast and the SDK part of
 this package never needs them.
@@ -76,11 +76,21 @@ def serve(
     migrate: Annotated[
         bool | None, typer.Option(help="Migrate before serving (default: only for the embedded server).")
     ] = None,
-    reaper: Annotated[bool, typer.Option(help="Run the reaper inside the server.")] = True,
+    reaper: Annotated[
+        bool, typer.Option(envvar="LOCKLEDGER_REAPER_ENABLED", help="Run the reaper inside the server.")
+    ] = True,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
     workers: Annotated[
         int, typer.Option(min=1, max=64, help="Server processes (each with its own pool).")
     ] = 1,
+    dev: Annotated[
+        bool,
+        typer.Option(
+            "--dev",
+            envvar="LOCKLEDGER_DEV_MODE",
+            help="Dev mode: no authentication, owners named in the body. Never on a shared network.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the HTTP API (and the reaper). Without a database URL, an embedded PostgreSQL is started."""
 
@@ -90,17 +100,22 @@ def serve(
     url, embedded = _resolve_database(database_url, data_dir)
     if migrate if migrate is not None else embedded:
         _migrate(url)
-    settings = Settings(database_url=url, reaper_enabled=reaper)
+    settings = Settings(database_url=url, reaper_enabled=reaper, dev_mode=dev)
     base = f"http://{host}:{port}"
     console.print(f"[bold]lockledger[/bold] serving on {base}")
     console.print(f"  API docs (Swagger UI): {base}/docs")
     console.print(f"  API docs (ReDoc):      {base}/redoc")
     console.print(f"  OpenAPI schema:        {base}/openapi.json")
     console.print(f"  health: {base}/healthz  readiness: {base}/readyz  metrics: {base}/metrics")
-    if embedded:
+    if dev:
         console.print(
-            "[bold yellow]DEV MODE: embedded database, no authentication. Do not expose this port."
-            "[/bold yellow]"
+            "[bold red]DEV MODE: authentication is OFF. Anyone who reaches this port can take, release and"
+            " force-release any lock. Never expose it.[/bold red]"
+        )
+    else:
+        console.print(
+            "  authentication: on; create a token with "
+            "`lockledger tokens create --name NAME --role agent|dashboard|investigator|admin`"
         )
     if workers == 1:
         _run_uvicorn(create_app(settings), host=host, port=port, log_level=log_level)
@@ -108,6 +123,7 @@ def serve(
     # Worker processes build their app from the environment; each runs a reaper (they share the work).
     os.environ[DATABASE_URL_ENV] = url
     os.environ["LOCKLEDGER_REAPER_ENABLED"] = "true" if reaper else "false"
+    os.environ["LOCKLEDGER_DEV_MODE"] = "true" if dev else "false"
     _run_uvicorn(
         "api.app:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level
     )
@@ -191,6 +207,77 @@ def verify(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
         return 0
 
     sys.exit(asyncio.run(main()))
+
+
+tokens_app = typer.Typer(no_args_is_help=True, help="API tokens: create, list, revoke.")
+app.add_typer(tokens_app, name="tokens")
+
+RoleOption = Annotated[
+    str, typer.Option(help="agent (holds leases as NAME), dashboard, investigator, or admin.")
+]
+
+
+@tokens_app.command("create")
+def tokens_create(
+    name: Annotated[str, typer.Option(help="The principal; for an agent, the owner of its leases.")],
+    role: RoleOption,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Issue a token. It is printed once, to stdout; only its SHA-256 is stored."""
+    from domain.access import Role
+    from service import tokens
+
+    try:
+        chosen = Role(role)
+    except ValueError:
+        console.print(f"[red]unknown role {role!r}; choose one of: {', '.join(Role)}[/red]")
+        raise typer.Exit(2) from None
+    url, _ = _resolve_database(database_url, data_dir)
+    try:
+        token = asyncio.run(_with_connection(url, lambda conn: tokens.create(conn, name, chosen)))
+    except tokens.TokenError as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"[green]token for {name} ({chosen}); store it now, it is not shown again:[/green]")
+    print(token)
+
+
+@tokens_app.command("list")
+def tokens_list(
+    all_tokens: Annotated[bool, typer.Option("--all", help="Include revoked tokens.")] = False,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """List tokens (names, roles, dates; never the tokens themselves)."""
+    from rich.table import Table
+
+    from service import tokens
+
+    url, _ = _resolve_database(database_url, data_dir)
+    rows = asyncio.run(_with_connection(url, lambda conn: tokens.list_all(conn, include_revoked=all_tokens)))
+    table = Table("id", "name", "role", "created", "revoked")
+    for row in rows:
+        revoked = row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else ""
+        table.add_row(str(row.id), row.name, row.role, row.created_at.isoformat(timespec="seconds"), revoked)
+    Console().print(table)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(
+    name: Annotated[str, typer.Option(help="Revoke every live token of this principal.")],
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Revoke a principal's tokens; servers stop accepting them within their auth cache time (10 s)."""
+    from service import tokens
+
+    url, _ = _resolve_database(database_url, data_dir)
+    count = asyncio.run(_with_connection(url, lambda conn: tokens.revoke(conn, name)))
+    if count == 0:
+        console.print(f"[yellow]{name} has no live tokens[/yellow]")
+        raise typer.Exit(1)
+    console.print(f"[green]revoked {count} token(s) of {name}[/green]")
 
 
 @app.command(

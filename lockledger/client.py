@@ -169,6 +169,11 @@ def _clean(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
 
+def _owner(owner: str | None) -> dict[str, Any]:
+    """Without an owner the server uses the token's principal (a dev-mode server answers 422)."""
+    return {"owner": owner} if owner is not None else {}
+
+
 def _ttl_ms(ttl_ms: int | None) -> dict[str, Any]:
     return {} if ttl_ms is None else {"ttl_ms": ttl_ms}
 
@@ -183,11 +188,17 @@ class _Base:
         retry_timeout_s: float,
         breaker: CircuitBreaker | None,
         agent_id: str | None,
+        token: str | None,
     ) -> None:
         self.retry_attempts = retry_attempts
         self.retry_timeout_s = retry_timeout_s
         self.breaker = breaker if breaker is not None else CircuitBreaker()
-        self.agent_id = agent_id or f"agent-{uuid.uuid4().hex[:12]}"
+        # With a token the server knows who we are: leases are the token's, and naming anyone else is a 403.
+        self.agent_id = agent_id or (None if token else f"agent-{uuid.uuid4().hex[:12]}")
+
+    @staticmethod
+    def _auth(headers: dict[str, str] | None, token: str | None) -> dict[str, str]:
+        return {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
 
     def _retries(self) -> Any:
         return stamina.retry_context(
@@ -237,12 +248,17 @@ class AsyncClient(_Base):
         transport: httpx.AsyncBaseTransport | None = None,
         headers: dict[str, str] | None = None,
         agent_id: str | None = None,
+        token: str | None = None,
     ) -> None:
         super().__init__(
-            retry_attempts=retry_attempts, retry_timeout_s=retry_timeout_s, breaker=breaker, agent_id=agent_id
+            retry_attempts=retry_attempts,
+            retry_timeout_s=retry_timeout_s,
+            breaker=breaker,
+            agent_id=agent_id,
+            token=token,
         )
         self._http = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout, transport=transport, headers=headers
+            base_url=base_url, timeout=timeout, transport=transport, headers=self._auth(headers, token)
         )
 
     async def __aenter__(self) -> Self:
@@ -279,18 +295,18 @@ class AsyncClient(_Base):
                 return self._settle(response, started).json()
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
-    async def acquire(self, resource: str, owner: str, ttl_ms: int | None = None) -> LeaseInfo:
-        body = {"owner": owner, **_ttl_ms(ttl_ms)}
+    async def acquire(self, resource: str, owner: str | None = None, ttl_ms: int | None = None) -> LeaseInfo:
+        body = {**_owner(owner), **_ttl_ms(ttl_ms)}
         return LeaseInfo.from_json(await self._request("POST", f"/v1/locks/{resource}/acquire", json=body))
 
     async def renew(
-        self, resource: str, owner: str, fencing_token: int, ttl_ms: int | None = None
+        self, resource: str, owner: str | None, fencing_token: int, ttl_ms: int | None = None
     ) -> LeaseInfo:
-        body = {"owner": owner, "fencing_token": fencing_token, **_ttl_ms(ttl_ms)}
+        body = {**_owner(owner), "fencing_token": fencing_token, **_ttl_ms(ttl_ms)}
         return LeaseInfo.from_json(await self._request("POST", f"/v1/locks/{resource}/renew", json=body))
 
-    async def release(self, resource: str, owner: str, fencing_token: int) -> Released:
-        body = {"owner": owner, "fencing_token": fencing_token}
+    async def release(self, resource: str, owner: str | None, fencing_token: int) -> Released:
+        body = {**_owner(owner), "fencing_token": fencing_token}
         return Released.from_json(await self._request("POST", f"/v1/locks/{resource}/release", json=body))
 
     async def force_release(self, resource: str, reason: str) -> ForceReleased:
@@ -391,11 +407,18 @@ class Client(_Base):
         transport: httpx.BaseTransport | None = None,
         headers: dict[str, str] | None = None,
         agent_id: str | None = None,
+        token: str | None = None,
     ) -> None:
         super().__init__(
-            retry_attempts=retry_attempts, retry_timeout_s=retry_timeout_s, breaker=breaker, agent_id=agent_id
+            retry_attempts=retry_attempts,
+            retry_timeout_s=retry_timeout_s,
+            breaker=breaker,
+            agent_id=agent_id,
+            token=token,
         )
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport, headers=headers)
+        self._http = httpx.Client(
+            base_url=base_url, timeout=timeout, transport=transport, headers=self._auth(headers, token)
+        )
 
     def __enter__(self) -> Self:
         return self
@@ -431,16 +454,18 @@ class Client(_Base):
                 return self._settle(response, started).json()
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
-    def acquire(self, resource: str, owner: str, ttl_ms: int | None = None) -> LeaseInfo:
-        body = {"owner": owner, **_ttl_ms(ttl_ms)}
+    def acquire(self, resource: str, owner: str | None = None, ttl_ms: int | None = None) -> LeaseInfo:
+        body = {**_owner(owner), **_ttl_ms(ttl_ms)}
         return LeaseInfo.from_json(self._request("POST", f"/v1/locks/{resource}/acquire", json=body))
 
-    def renew(self, resource: str, owner: str, fencing_token: int, ttl_ms: int | None = None) -> LeaseInfo:
-        body = {"owner": owner, "fencing_token": fencing_token, **_ttl_ms(ttl_ms)}
+    def renew(
+        self, resource: str, owner: str | None, fencing_token: int, ttl_ms: int | None = None
+    ) -> LeaseInfo:
+        body = {**_owner(owner), "fencing_token": fencing_token, **_ttl_ms(ttl_ms)}
         return LeaseInfo.from_json(self._request("POST", f"/v1/locks/{resource}/renew", json=body))
 
-    def release(self, resource: str, owner: str, fencing_token: int) -> Released:
-        body = {"owner": owner, "fencing_token": fencing_token}
+    def release(self, resource: str, owner: str | None, fencing_token: int) -> Released:
+        body = {**_owner(owner), "fencing_token": fencing_token}
         return Released.from_json(self._request("POST", f"/v1/locks/{resource}/release", json=body))
 
     def force_release(self, resource: str, reason: str) -> ForceReleased:

@@ -50,7 +50,7 @@ class _LeaseState:
     def __init__(
         self,
         resource: str,
-        owner: str,
+        owner: str | None,
         ttl: float,
         wait: float,
         on_lost: Callable[[LockLost], None] | None,
@@ -61,7 +61,7 @@ class _LeaseState:
         if not 0 <= safety_margin < 1:
             raise ValueError("safety_margin is a fraction of ttl in [0, 1)")
         self.resource = resource
-        self.owner = owner
+        self.owner = owner  # None with a token: the server names the owner (the token's principal)
         self.ttl = ttl
         self.wait = wait
         self.safety_margin = safety_margin
@@ -82,6 +82,7 @@ class _LeaseState:
         return self.ttl / 3
 
     def _granted(self, info: LeaseInfo, sent_at: float) -> None:
+        self.owner = info.owner
         self.fencing_token = info.fencing_token
         self.expires_at = info.expires_at
         self.deadline = max(self.deadline, sent_at + self.ttl * (1 - self.safety_margin))
@@ -113,7 +114,7 @@ class AsyncLease(_LeaseState):
         self,
         client: AsyncClient,
         resource: str,
-        owner: str,
+        owner: str | None,
         ttl: float,
         wait: float,
         on_lost: Callable[[LockLost], None] | None,
@@ -210,7 +211,7 @@ class Lease(_LeaseState):
         self,
         client: Client,
         resource: str,
-        owner: str,
+        owner: str | None,
         ttl: float,
         wait: float,
         on_lost: Callable[[LockLost], None] | None,

@@ -32,6 +32,15 @@ class Settings(BaseSettings):
         default=16, description="Re-decisions after losing an expected-version race."
     )
 
+    dev_mode: bool = Field(
+        default=False,
+        description="Authentication off: every caller is an anonymous admin naming the owner in the body."
+        " For a laptop only; `lockledger serve --dev` says so loudly.",
+    )
+    auth_cache_s: float = Field(
+        default=10.0, description="How long a token lookup is cached (also how long a revoked token lives)."
+    )
+
     idempotency_retention_s: int = Field(default=86_400, description="How long Idempotency-Keys are kept.")
 
     reaper_enabled: bool = Field(default=True, description="Run the reaper inside `serve`.")

@@ -25,3 +25,15 @@ class Unavailable(ServiceError):
     def __init__(self, detail: str, retry_after_s: int = 1) -> None:
         super().__init__(detail)
         self.retry_after_s = retry_after_s
+
+
+class Unauthorized(ServiceError):
+    """No bearer token, or one that is unknown or revoked (401 with ``WWW-Authenticate: Bearer``)."""
+
+    code = "unauthorized"
+
+
+class Forbidden(ServiceError):
+    """The caller is known but its role, or the lease's owner, does not allow this (403)."""
+
+    code = "forbidden"

@@ -1,12 +1,27 @@
-"""idempotency_keys: the stored outcome of every command that carried an Idempotency-Key.
+"""The service's own tables.
 
-Written by the same statement that appends the command's events, so a key exists if and only if its
-events do; replaying it never appends again.
+idempotency_keys: the stored outcome of every command that carried an Idempotency-Key. Written by the same
+statement that appends the command's events, so a key exists if and only if its events do; replaying it
+never appends again.
+
+api_tokens: who may call the API, and as what role (`lockledger tokens`).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, LargeBinary, PrimaryKeyConstraint, SmallInteger, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Identity,
+    Index,
+    LargeBinary,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    func,
+)
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP
 
 from eventstore.schema import metadata
@@ -23,4 +38,20 @@ idempotency_keys = Table(
     Column("created_at", TIMESTAMP(timezone=True), nullable=False),
     PrimaryKeyConstraint("principal", "key", name="idempotency_keys_pkey"),
     Index("idempotency_keys_created_at_idx", "created_at"),
+)
+
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    # SHA-256 of the token: tokens are 256 random bits, so a fast hash is as strong as a slow one, and a
+    # leaked table reveals no usable token.
+    Column("token_hash", LargeBinary, nullable=False),
+    Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=func.now()),
+    Column("revoked_at", TIMESTAMP(timezone=True)),
+    CheckConstraint("role IN ('agent', 'dashboard', 'investigator', 'admin')", name="api_tokens_role_check"),
+    Index("api_tokens_token_hash_key", "token_hash", unique=True),
+    Index("api_tokens_name_idx", "name"),
 )

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +23,10 @@ import asyncpg
 import httpx
 import pytest
 
+from domain.access import Role
 from lockledger.dburl import asyncpg_dsn
 from lockledger.migrate import upgrade
+from service import tokens
 from service.config import Settings
 from service.database import create_pool
 from service.lock_service import LockService
@@ -144,7 +146,13 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> None:
-        env = {**os.environ, "LOCKLEDGER_DATABASE_URL": self.database_url, **self.env_overrides}
+        # Dev mode (no authentication) unless a test turns it off: most tests are about locks, not tokens.
+        env = {
+            **os.environ,
+            "LOCKLEDGER_DATABASE_URL": self.database_url,
+            "LOCKLEDGER_DEV_MODE": "true",
+            **self.env_overrides,
+        }
         self.process = subprocess.Popen(
             [sys.executable, "-m", "lockledger", "serve", "--port", str(self.port)],
             env=env,
@@ -188,6 +196,37 @@ def server(database_url: str) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def auth_server(database_url: str) -> Iterator[ServerProcess]:
+    """A server with authentication on, as in production; token lookups cached briefly so revocation
+    tests need not wait the default 10 s."""
+    overrides = {
+        "LOCKLEDGER_DEV_MODE": "false",
+        "LOCKLEDGER_AUTH_CACHE_S": "0.5",
+        "LOCKLEDGER_REAPER_ENABLED": "false",
+    }
+    proc = ServerProcess(database_url, free_port(), overrides)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+IssueToken = Callable[[str, Role], Awaitable[str]]
+
+
+@pytest.fixture
+def issue_token(admin_pool: asyncpg.Pool) -> IssueToken:
+    """Mint an API token as an administrator would (`lockledger tokens create`)."""
+
+    async def issue(name: str, role: Role) -> str:
+        async with admin_pool.acquire() as conn:
+            return await tokens.create(conn, name, role)
+
+    return issue
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
 from domain.decider import decide, evolve, fold
-from domain.errors import DomainError, LeaseExpired, LockHeld, NotHolder
+from domain.errors import DomainError, LeaseExpired, LockHeld, NotHolder, NotOwner
 from domain.events import (
     LOCK_EXPIRED,
     LOCK_FORCE_RELEASED,
@@ -139,7 +139,9 @@ class LockDeciderMachine(RuleBasedStateMachine):
     def expected_holder_error(self, resource: str, owner: str, token: int) -> type[DomainError] | None:
         """The rejection renew and release must give, per DESIGN.md "Lock semantics"."""
         sh = self.locks[resource].shadow
-        if sh.status == "never" or owner != sh.holder or token != sh.token:
+        if sh.holder is not None and owner != sh.holder:
+            return NotOwner  # the API's 403 once the owner is the authenticated principal
+        if sh.status == "never" or token != sh.token:
             return NotHolder
         if sh.lapsed(self.now) or sh.status == "expired":
             return LeaseExpired

@@ -452,9 +452,10 @@ async def test_a_command_decided_before_the_deadline_but_appended_after_it_sees_
             " WHERE stream_id = $1 ORDER BY stream_version",
             resource,
         )
-    assert [r["event_type"] for r in rows] == [
-        LOCK_ACQUIRED,
-        *([LOCK_EXPIRED] if command == "force-release" else []),
-    ]
+    types = [r["event_type"] for r in rows]
+    # The renew or release itself appends nothing; a reaper serving another test in this database may still
+    # record the expiry afterwards, which is the same decision made by someone else.
+    expected = [LOCK_ACQUIRED, LOCK_EXPIRED]
+    assert types == expected if command == "force-release" else types in (expected[:1], expected)
     for row in rows[1:]:
         assert row["recorded_at"] >= datetime.fromisoformat(row["expires_at"])

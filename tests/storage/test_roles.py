@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
+from lockledger.dburl import asyncpg_dsn
 from service.config import Settings
 from service.database import create_pool
 
@@ -23,6 +25,12 @@ REFUSED_FOR_SERVICE = [
     "DROP TABLE events",
     "ALTER TABLE events DISABLE TRIGGER events_append_only",
     "CREATE TABLE sneaky (x int)",
+    # Tokens: the service reads them to authenticate; minting, un-revoking or deleting one is an admin's act.
+    "INSERT INTO api_tokens (name, role, token_hash) VALUES ('evil', 'admin', '\\x00')",
+    "UPDATE api_tokens SET revoked_at = NULL",
+    "DELETE FROM api_tokens",
+    # Only the migrator owns the schema.
+    "ALTER TABLE api_tokens DROP CONSTRAINT api_tokens_role_check",
 ]
 
 REFUSED_FOR_READONLY = [
@@ -30,6 +38,7 @@ REFUSED_FOR_READONLY = [
     "UPDATE lock_state SET owner = 'x'",
     "DELETE FROM lock_state",
     "SELECT * FROM idempotency_keys",  # stored responses are the service's business, not a dashboard's
+    "SELECT * FROM api_tokens",
 ]
 
 
@@ -73,3 +82,63 @@ async def test_the_readonly_role_serves_queries_and_replay(readonly_pool: asyncp
         assert await conn.fetchval("SELECT current_user") == "lockledger_readonly"
         await conn.fetchval("SELECT count(*) FROM events")
         await conn.fetchval("SELECT count(*) FROM lock_state")
+
+
+OWNED_BY_THE_MIGRATOR = ["events", "lock_state", "idempotency_keys", "api_tokens", "alembic_version"]
+
+
+async def test_the_migrator_role_owns_the_schema(admin_pool: asyncpg.Pool) -> None:
+    """The owner of a table can disable its triggers; no role the service or a reader runs as owns one."""
+    async with admin_pool.acquire() as conn:
+        tables = dict(
+            await conn.fetch(
+                "SELECT c.relname, pg_get_userbyid(c.relowner) FROM pg_class c"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'S')"
+            )
+        )
+        functions = dict(
+            await conn.fetch(
+                "SELECT p.proname, pg_get_userbyid(p.proowner) FROM pg_proc p"
+                " WHERE p.proname IN ('events_chain_hash', 'events_refuse_change')"
+            )
+        )
+        memberships = await conn.fetch(
+            "SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid"
+            " JOIN pg_roles u ON u.oid = m.member"
+            " WHERE u.rolname IN ('lockledger_service', 'lockledger_readonly')"
+        )
+    assert {t: tables[t] for t in OWNED_BY_THE_MIGRATOR} == dict.fromkeys(
+        OWNED_BY_THE_MIGRATOR, "lockledger_migrator"
+    )
+    # Sequences (the identity columns') follow their tables.
+    assert {owner for name, owner in tables.items() if name.endswith("_seq")} == {"lockledger_migrator"}
+    assert set(functions.values()) == {"lockledger_migrator"}
+    assert memberships == []
+
+
+async def test_a_service_login_cannot_become_the_migrator(
+    admin_pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """In production the service logs in as its own user, a member of lockledger_service (SECURITY.md).
+    Such a login can take the service role but never the owner's, so it can never disable the triggers."""
+    login = f"lockledger_test_login_{uuid.uuid4().hex[:8]}"
+    async with admin_pool.acquire() as conn:
+        await conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE lockledger_service")
+    try:
+        assert settings.database_url
+        conn = await asyncpg.connect(asyncpg_dsn(settings.database_url), user=login)
+        try:
+            await conn.execute("SET ROLE lockledger_service")
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("SET ROLE lockledger_migrator")
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("ALTER TABLE events DISABLE TRIGGER events_append_only")
+            await conn.execute("RESET ROLE")  # back to the login itself: still not the owner
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("UPDATE events SET data = data")
+        finally:
+            await conn.close()
+    finally:
+        async with admin_pool.acquire() as conn:
+            await conn.execute(f"DROP ROLE {login}")

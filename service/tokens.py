@@ -1,0 +1,94 @@
+"""API tokens: issued once, stored only as a hash, revoked by name.
+
+A token is ``llt_`` and 256 random bits (URL-safe base64). It is shown once, at creation; the database
+keeps its SHA-256, so neither a database dump nor a backup hands out working tokens. The token's name is
+the principal: for an agent it is the owner of every lease it takes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+from domain.access import Principal, Role
+from domain.resource import is_valid_owner
+from eventstore.connection import Connection
+
+PREFIX = "llt_"
+
+
+class TokenError(ValueError):
+    """A token request that cannot be honoured (bad name, a name already used with another role)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    id: int
+    name: str
+    role: Role
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+def digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def looks_like_a_token(token: str) -> bool:
+    """Cheap shape check, so garbage never costs a database round trip."""
+    return token.startswith(PREFIX) and 40 <= len(token) <= 100 and token.isascii()
+
+
+async def create(conn: Connection, name: str, role: Role) -> str:
+    """Issue a token for ``name``; the returned string is the only copy of it anywhere.
+
+    A name keeps one role: a second token for the same name (for rotation) must have the same role, so
+    a lease owner never changes its powers by switching tokens.
+    """
+    if not is_valid_owner(name):
+        raise TokenError("name must be 1-200 characters of [A-Za-z0-9._:@-] (it becomes the lease owner)")
+    async with conn.transaction():
+        # One creator at a time per name, so two concurrent creates cannot give a name two roles.
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('lockledger.api_tokens:' || $1))", name)
+        other = await conn.fetchval(
+            "SELECT role FROM api_tokens WHERE name = $1 AND revoked_at IS NULL AND role <> $2 LIMIT 1",
+            name,
+            role.value,
+        )
+        if other is not None:
+            raise TokenError(f"{name} already has live tokens with role {other}; revoke them first")
+        token = PREFIX + secrets.token_urlsafe(32)
+        await conn.execute(
+            "INSERT INTO api_tokens (name, role, token_hash) VALUES ($1, $2, $3)",
+            name,
+            role.value,
+            digest(token),
+        )
+    return token
+
+
+async def find(conn: Connection, token: str) -> Principal | None:
+    """The live principal behind ``token``, or None for an unknown or revoked token."""
+    row = await conn.fetchrow(
+        "SELECT name, role FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL", digest(token)
+    )
+    return Principal(row["name"], Role(row["role"])) if row is not None else None
+
+
+async def list_all(conn: Connection, *, include_revoked: bool = False) -> list[TokenInfo]:
+    rows = await conn.fetch(
+        "SELECT id, name, role, created_at, revoked_at FROM api_tokens"
+        " WHERE $1 OR revoked_at IS NULL ORDER BY name, id",
+        include_revoked,
+    )
+    return [TokenInfo(r["id"], r["name"], Role(r["role"]), r["created_at"], r["revoked_at"]) for r in rows]
+
+
+async def revoke(conn: Connection, name: str) -> int:
+    """Revoke every live token of ``name``; how many were revoked."""
+    result = await conn.execute(
+        "UPDATE api_tokens SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL", name
+    )
+    return int(result.split()[-1])
