@@ -90,19 +90,21 @@ OWNED_BY_THE_MIGRATOR = ["events", "lock_state", "idempotency_keys", "api_tokens
 async def test_the_migrator_role_owns_the_schema(admin_pool: asyncpg.Pool) -> None:
     """The owner of a table can disable its triggers; no role the service or a reader runs as owns one."""
     async with admin_pool.acquire() as conn:
-        tables = dict(
-            await conn.fetch(
-                "SELECT c.relname, pg_get_userbyid(c.relowner) FROM pg_class c"
+        tables = {
+            r["relname"]: r["owner"]
+            for r in await conn.fetch(
+                "SELECT c.relname, pg_get_userbyid(c.relowner) AS owner FROM pg_class c"
                 " JOIN pg_namespace n ON n.oid = c.relnamespace"
                 " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'S')"
             )
-        )
-        functions = dict(
-            await conn.fetch(
-                "SELECT p.proname, pg_get_userbyid(p.proowner) FROM pg_proc p"
+        }
+        functions = {
+            r["proname"]: r["owner"]
+            for r in await conn.fetch(
+                "SELECT p.proname, pg_get_userbyid(p.proowner) AS owner FROM pg_proc p"
                 " WHERE p.proname IN ('events_chain_hash', 'events_refuse_change')"
             )
-        )
+        }
         memberships = await conn.fetch(
             "SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid"
             " JOIN pg_roles u ON u.oid = m.member"
@@ -123,8 +125,8 @@ async def test_a_service_login_cannot_become_the_migrator(
     """In production the service logs in as its own user, a member of lockledger_service (SECURITY.md).
     Such a login can take the service role but never the owner's, so it can never disable the triggers."""
     login = f"lockledger_test_login_{uuid.uuid4().hex[:8]}"
-    async with admin_pool.acquire() as conn:
-        await conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE lockledger_service")
+    async with admin_pool.acquire() as admin:
+        await admin.execute(f"CREATE ROLE {login} LOGIN IN ROLE lockledger_service")
     try:
         assert settings.database_url
         conn = await asyncpg.connect(asyncpg_dsn(settings.database_url), user=login)
@@ -140,5 +142,5 @@ async def test_a_service_login_cannot_become_the_migrator(
         finally:
             await conn.close()
     finally:
-        async with admin_pool.acquire() as conn:
-            await conn.execute(f"DROP ROLE {login}")
+        async with admin_pool.acquire() as admin:
+            await admin.execute(f"DROP ROLE {login}")
