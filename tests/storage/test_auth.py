@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from domain.access import Action, Role, allows
-from lockledger import AsyncClient
+from lockledger import AsyncClient, Forbidden, Unauthorized
 
 if TYPE_CHECKING:
     from tests.conftest import IssueToken, ServerProcess
@@ -252,6 +252,26 @@ async def test_the_sdk_holds_leases_as_its_tokens_principal(
         info = await admin_client.get_lock(resource)
     assert info.owner == agent
     assert info.status == "free"
+
+
+async def test_the_sdk_raises_typed_auth_errors_without_retrying(
+    auth_server: ServerProcess, issue_token: IssueToken, unique_prefix: str, resource: str
+) -> None:
+    alice = await issue_token(name(unique_prefix, "alice"), Role.AGENT)
+    mallory = await issue_token(name(unique_prefix, "mallory"), Role.AGENT)
+    async with AsyncClient(auth_server.base_url, token=alice) as client:
+        lease = await client.acquire(resource, ttl_ms=10_000)
+    async with AsyncClient(auth_server.base_url, token=mallory) as client:
+        with pytest.raises(Forbidden) as forbidden:
+            await client.release(resource, None, lease.fencing_token)
+        assert forbidden.value.status == 403
+        with pytest.raises(Forbidden):
+            await client.force_release(resource, "not an admin")
+        metrics = client.breaker.metrics
+        assert (metrics.calls, metrics.failures) == (2, 0)  # one attempt each; a 403 means a healthy server
+    async with AsyncClient(auth_server.base_url, token="llt_" + "0" * 43) as client:
+        with pytest.raises(Unauthorized):
+            await client.acquire(resource)
 
 
 async def test_a_dev_mode_server_needs_no_token_but_an_owner(http: httpx.AsyncClient, resource: str) -> None:
