@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import structlog
 from fastapi import FastAPI
 
-from api import commands, health, noop, problems, queries
+from api import commands, health, noop, problems, queries, tokens
 from service.authenticator import Authenticator
 from service.config import Settings
 from service.database import create_pool
@@ -78,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
     app.include_router(commands.router)
     app.include_router(queries.router)
+    app.include_router(tokens.router)
     app.include_router(health.router)
     if settings.bench_noop:
         app.include_router(noop.router)

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
 from service.database_guard import UNREACHABLE
-from service.errors import Forbidden, IdempotencyKeyReused, ServiceError, Unauthorized, Unavailable
+from service.errors import Conflict, Forbidden, IdempotencyKeyReused, ServiceError, Unauthorized, Unavailable
 
 log = structlog.get_logger("lockledger.api")
 
@@ -45,6 +45,7 @@ _STATUS = {
     LeaseExpired: 410,
     InvalidCommand: 422,
     IdempotencyKeyReused: 422,
+    Conflict: 409,
     Unauthorized: 401,
     Forbidden: 403,
     Unavailable: 503,
@@ -197,6 +198,9 @@ def document(app: FastAPI) -> None:
                 for status, response in responses.items():
                     if status.startswith(("4", "5")):
                         response["content"] = reference
+        from api.limits import document_limits  # imported here: api.limits imports this module
+
+        document_limits(schema, app.state.settings)
         app.openapi_schema = schema
         return schema
 

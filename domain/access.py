@@ -15,7 +15,7 @@ class Role(StrEnum):
     AGENT = "agent"  # acquire, renew and release its own leases
     DASHBOARD = "dashboard"  # read the current lock state
     INVESTIGATOR = "investigator"  # read state and the event history (replay, export, verify)
-    ADMIN = "admin"  # everything, including force-release
+    ADMIN = "admin"  # everything, including force-release and API tokens
 
 
 class Action(StrEnum):
@@ -23,6 +23,7 @@ class Action(StrEnum):
     FORCE_RELEASE = "force_release"
     READ_STATE = "read_state"
     READ_HISTORY = "read_history"
+    MANAGE_TOKENS = "manage_tokens"
 
 
 _ALLOWED: dict[Role, frozenset[Action]] = {

@@ -31,6 +31,10 @@ class Authenticator:
         self._acquire_timeout_s = acquire_timeout_s
         self._cache: dict[bytes, tuple[Principal | None, float]] = {}
 
+    def forget_all(self) -> None:
+        """Drop every cached lookup (after a revocation through this process)."""
+        self._cache.clear()
+
     async def authenticate(self, token: str) -> Principal | None:
         """The token's principal, or None when it is malformed, unknown or revoked."""
         if not tokens.looks_like_a_token(token):

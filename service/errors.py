@@ -27,6 +27,12 @@ class Unavailable(ServiceError):
         self.retry_after_s = retry_after_s
 
 
+class Conflict(ServiceError):
+    """A request that contradicts stored state outside the lock domain (a token name's role) (409)."""
+
+    code = "conflict"
+
+
 class Unauthorized(ServiceError):
     """No bearer token, or one that is unknown or revoked (401 with ``WWW-Authenticate: Bearer``)."""
 

@@ -24,7 +24,23 @@ depends_on: str | Sequence[str] | None = None
 MIGRATOR_ROLE = "lockledger_migrator"
 SERVICE_ROLE = "lockledger_service"
 TABLES = ["events", "lock_state", "idempotency_keys", "api_tokens", "alembic_version"]
-FUNCTIONS = ["events_chain_hash()", "events_refuse_change()"]
+FUNCTIONS = ["events_chain_hash()", "events_refuse_change()", "api_tokens_revocation_is_final()"]
+
+# The service mints and revokes tokens for admins (POST and DELETE /v1/tokens), so it may insert rows and
+# set revoked_at; it may not change a token's name, role or hash, delete one, or take a revocation back.
+REVOCATION_IS_FINAL = [
+    """
+CREATE FUNCTION api_tokens_revocation_is_final() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.revoked_at IS NOT NULL AND NEW.revoked_at IS DISTINCT FROM OLD.revoked_at THEN
+        RAISE EXCEPTION 'api token % is revoked for good', OLD.id USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END $$""",
+    """
+CREATE TRIGGER api_tokens_revocation_is_final BEFORE UPDATE ON api_tokens
+    FOR EACH ROW EXECUTE FUNCTION api_tokens_revocation_is_final()""",
+]
 
 
 def own_schema(owner: str) -> None:
@@ -52,8 +68,10 @@ def upgrade() -> None:
     )
     op.create_index("api_tokens_token_hash_key", "api_tokens", ["token_hash"], unique=True)
     op.create_index("api_tokens_name_idx", "api_tokens", ["name"])
-    # Authenticating needs to read tokens; minting or un-revoking one is an administrator's act.
-    op.execute(f"GRANT SELECT ON api_tokens TO {SERVICE_ROLE}")
+    for statement in REVOCATION_IS_FINAL:
+        op.execute(statement)
+    op.execute(f"GRANT SELECT, INSERT ON api_tokens TO {SERVICE_ROLE}")
+    op.execute(f"GRANT UPDATE (revoked_at) ON api_tokens TO {SERVICE_ROLE}")
     op.execute(
         f"""DO $$ BEGIN
             IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{MIGRATOR_ROLE}') THEN
@@ -68,3 +86,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     own_schema("CURRENT_USER")
     op.drop_table("api_tokens")
+    op.execute("DROP FUNCTION IF EXISTS api_tokens_revocation_is_final()")

@@ -20,8 +20,9 @@ def test_each_role_allows_exactly_its_actions(role: Role, allowed: set[Action]) 
     assert {action for action in Action if allows(role, action)} == allowed
 
 
-def test_only_admins_force_release_and_agents_never_read_history() -> None:
+def test_only_admins_force_release_and_manage_tokens_and_agents_never_read_history() -> None:
     assert roles_allowed(Action.FORCE_RELEASE) == [Role.ADMIN]
+    assert roles_allowed(Action.MANAGE_TOKENS) == [Role.ADMIN]
     assert Role.AGENT not in roles_allowed(Action.READ_HISTORY)
 
 

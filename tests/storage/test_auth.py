@@ -100,6 +100,12 @@ ENDPOINTS: dict[
     "list": (Action.READ_STATE, lambda c, r, h: c.get("/v1/locks", headers=h)),
     "get": (Action.READ_STATE, lambda c, r, h: c.get(f"/v1/locks/{r}", headers=h)),
     "history": (Action.READ_HISTORY, lambda c, r, h: c.get(f"/v1/locks/{r}/history", headers=h)),
+    "issue-token": (
+        Action.MANAGE_TOKENS,
+        lambda c, r, h: c.post("/v1/tokens", json={"name": r, "role": "agent"}, headers=h),
+    ),
+    "list-tokens": (Action.MANAGE_TOKENS, lambda c, r, h: c.get("/v1/tokens", headers=h)),
+    "revoke-token": (Action.MANAGE_TOKENS, lambda c, r, h: c.delete(f"/v1/tokens/{r}", headers=h)),
 }
 
 
@@ -324,3 +330,37 @@ async def test_the_tokens_cli_creates_lists_and_revokes(
     assert "revoked 1 token" in revoked.stderr
     again = await asyncio.to_thread(_cli, database_url, "revoke", "--name", agent)
     assert again.returncode == 1
+
+
+async def test_an_admin_manages_tokens_over_http(
+    api: httpx.AsyncClient, issue_token: IssueToken, unique_prefix: str, resource: str
+) -> None:
+    operator = bearer(await admin(issue_token, unique_prefix))
+    agent = name(unique_prefix, "minted")
+    issued = await api.post("/v1/tokens", json={"name": agent, "role": "agent"}, headers=operator)
+    assert issued.status_code == 201, issued.text
+    token = issued.json()["token"]
+    assert issued.json()["role"] == "agent"
+    acquired = await api.post(f"/v1/locks/{resource}/acquire", json={}, headers=bearer(token))
+    assert acquired.json()["owner"] == agent
+
+    listed = (await api.get("/v1/tokens", headers=operator)).json()["items"]
+    assert [t["role"] for t in listed if t["name"] == agent] == ["agent"]
+    assert token not in str(listed)
+
+    clash = await api.post("/v1/tokens", json={"name": agent, "role": "admin"}, headers=operator)
+    assert clash.status_code == 409
+    assert clash.json()["code"] == "conflict"
+    for bad in [{"name": agent, "role": "root"}, {"name": "has space", "role": "agent"}, {"name": agent}]:
+        refused = await api.post("/v1/tokens", json=bad, headers=operator)
+        assert refused.status_code == 422, bad
+        assert refused.json()["code"] == "validation_error"
+
+    revoked = await api.delete(f"/v1/tokens/{agent}", headers=operator)
+    assert revoked.json() == {"name": agent, "revoked": 1}
+    # This server process forgets its cached lookups at once; no cache wait needed.
+    refused_now = await api.post(f"/v1/locks/{resource}-2/acquire", json={}, headers=bearer(token))
+    assert refused_now.status_code == 401
+    assert (await api.delete(f"/v1/tokens/{agent}", headers=operator)).status_code == 404
+    everything = (await api.get("/v1/tokens?include_revoked=true", headers=operator)).json()["items"]
+    assert [t["revoked_at"] is not None for t in everything if t["name"] == agent] == [True]

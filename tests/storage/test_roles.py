@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from domain.access import Role
 from lockledger.dburl import asyncpg_dsn
+from service import tokens
 from service.config import Settings
 from service.database import create_pool
 
@@ -25,10 +27,11 @@ REFUSED_FOR_SERVICE = [
     "DROP TABLE events",
     "ALTER TABLE events DISABLE TRIGGER events_append_only",
     "CREATE TABLE sneaky (x int)",
-    # Tokens: the service reads them to authenticate; minting, un-revoking or deleting one is an admin's act.
-    "INSERT INTO api_tokens (name, role, token_hash) VALUES ('evil', 'admin', '\\x00')",
-    "UPDATE api_tokens SET revoked_at = NULL",
+    # Tokens: the service mints and revokes them for admins, but never rewrites or deletes one.
+    "UPDATE api_tokens SET role = 'admin'",
+    "UPDATE api_tokens SET token_hash = token_hash",
     "DELETE FROM api_tokens",
+    "TRUNCATE api_tokens",
     # Only the migrator owns the schema.
     "ALTER TABLE api_tokens DROP CONSTRAINT api_tokens_role_check",
 ]
@@ -102,7 +105,8 @@ async def test_the_migrator_role_owns_the_schema(admin_pool: asyncpg.Pool) -> No
             r["proname"]: r["owner"]
             for r in await conn.fetch(
                 "SELECT p.proname, pg_get_userbyid(p.proowner) AS owner FROM pg_proc p"
-                " WHERE p.proname IN ('events_chain_hash', 'events_refuse_change')"
+                " WHERE p.proname IN"
+                " ('events_chain_hash', 'events_refuse_change', 'api_tokens_revocation_is_final')"
             )
         }
         memberships = await conn.fetch(
@@ -144,3 +148,14 @@ async def test_a_service_login_cannot_become_the_migrator(
     finally:
         async with admin_pool.acquire() as admin:
             await admin.execute(f"DROP ROLE {login}")
+
+
+async def test_a_revoked_token_stays_revoked(service_pool: asyncpg.Pool) -> None:
+    """Even the service, which revokes tokens for admins, cannot take a revocation back."""
+    name = f"revoked-{uuid.uuid4().hex[:8]}"
+    async with service_pool.acquire() as conn:
+        await tokens.create(conn, name, Role.ADMIN)
+        assert await tokens.revoke(conn, name) == 1
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="revoked for good"):
+            await conn.execute("UPDATE api_tokens SET revoked_at = NULL WHERE name = $1", name)
+        assert name not in {t.name for t in await tokens.list_all(conn)}
