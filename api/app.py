@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             else Authenticator(
                 pool,
                 app.state.lock_service.guard,
-                ttl_s=settings.auth_cache_s,
+                poll_s=settings.auth_cache_s,
                 acquire_timeout_s=settings.pool_acquire_timeout_s,
             )
         )

@@ -38,7 +38,9 @@ class Settings(BaseSettings):
         " For a laptop only; `lockledger serve --dev` says so loudly.",
     )
     auth_cache_s: float = Field(
-        default=10.0, description="How long a token lookup is cached (also how long a revoked token lives)."
+        default=10.0,
+        description="Tokens seen are remembered; every this many seconds each process asks the database"
+        " which were revoked (so a revoked token works at most this long).",
     )
 
     idempotency_retention_s: int = Field(default=86_400, description="How long Idempotency-Keys are kept.")

@@ -68,6 +68,12 @@ def upgrade() -> None:
     )
     op.create_index("api_tokens_token_hash_key", "api_tokens", ["token_hash"], unique=True)
     op.create_index("api_tokens_name_idx", "api_tokens", ["name"])
+    op.create_index(
+        "api_tokens_revoked_at_idx",
+        "api_tokens",
+        ["revoked_at"],
+        postgresql_where=sa.text("revoked_at IS NOT NULL"),
+    )
     for statement in REVOCATION_IS_FINAL:
         op.execute(statement)
     op.execute(f"GRANT SELECT, INSERT ON api_tokens TO {SERVICE_ROLE}")

@@ -1,0 +1,42 @@
+"""``tokens.create_many``: many tokens in one statement, each resolving to its own name, all or nothing."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from domain.access import Principal, Role
+from service import tokens
+
+pytestmark = pytest.mark.storage
+
+
+async def test_each_token_resolves_to_its_name_in_order(admin_pool: asyncpg.Pool, unique_prefix: str) -> None:
+    names = [f"{unique_prefix}agent-{i}" for i in range(500)]
+    async with admin_pool.acquire() as conn:
+        issued = await tokens.create_many(conn, names, Role.AGENT)
+        assert len(set(issued)) == len(names)
+        assert all(tokens.looks_like_a_token(token) for token in issued)
+        for index in (0, 1, 499):
+            assert await tokens.find(conn, issued[index]) == Principal(names[index], Role.AGENT)
+        stored = await conn.fetchval("SELECT count(*) FROM api_tokens WHERE name = ANY($1)", names)
+    assert stored == len(names)
+
+
+async def test_a_name_with_another_role_issues_none(admin_pool: asyncpg.Pool, unique_prefix: str) -> None:
+    taken = f"{unique_prefix}boss"
+    fresh = f"{unique_prefix}fresh"
+    async with admin_pool.acquire() as conn:
+        await tokens.create(conn, taken, Role.ADMIN)
+        with pytest.raises(tokens.TokenError, match="already has live tokens with role admin"):
+            await tokens.create_many(conn, [fresh, taken], Role.AGENT)
+        assert await conn.fetchval("SELECT count(*) FROM api_tokens WHERE name = $1", fresh) == 0
+        assert len(await tokens.create_many(conn, [taken], Role.ADMIN)) == 1  # same role: a rotation
+
+
+async def test_bad_names_and_no_names(admin_pool: asyncpg.Pool, unique_prefix: str) -> None:
+    async with admin_pool.acquire() as conn:
+        with pytest.raises(tokens.TokenError, match="must be 1-200 characters"):
+            await tokens.create_many(conn, [f"{unique_prefix}ok", "no spaces"], Role.AGENT)
+        assert await conn.fetchval("SELECT count(*) FROM api_tokens WHERE name LIKE $1", "no spaces") == 0
+        assert await tokens.create_many(conn, [], Role.AGENT) == []
