@@ -6,6 +6,7 @@ per request drives every HTTP cell of the run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from bench.cell import CellSpec, run_cell
@@ -25,13 +26,14 @@ async def calibrate(
     timeout_s: float,
     process_groups: dict[str, int | None],
     run_id: str,
+    tokens: Sequence[str],
 ) -> dict[str, Any]:
     """``{"<kind>": {"cpu_ms_per_request", "requests_per_s", "errors"}, ..., "chosen": kind}``."""
     result: dict[str, Any] = {"workers": workers, "duration_s": duration_s}
     resources = resource_names(f"{run_id}-calibrate-", 100_000)
     for kind in CLIENT_KINDS:
         target = HttpLockTarget(
-            "noop", NOOP_PREFIX, make_client(kind, host, port, timeout_s), f"{run_id}c{kind}", 30_000
+            "noop", NOOP_PREFIX, make_client(kind, host, port, timeout_s), f"{run_id}c{kind}", 30_000, tokens
         )
         spec = CellSpec("noop", "uniform", len(resources), workers, None, duration_s, 0.3, 0)
         cell = await run_cell(spec, target, resources, process_groups, drain_timeout_s=10, seed=7)

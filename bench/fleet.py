@@ -15,7 +15,14 @@ Two scenarios against a real `lockledger serve` subprocess (reaper on, as in pro
     (``recorded_at`` of LOCK_EXPIRED minus the deadline it carries) is computed from the events table.
     Targets: every lease expired within 10 s of its deadline, lateness p99 < 1 s, no probe error.
 
-Resource names carry a run id, so a database may be reused and several runs never mix.
+Authentication is on, as in production (``LOCKLEDGER_DEV_MODE=false``): before each scenario its agents'
+API tokens are minted in one statement (``service.tokens.create_many``; 10,000 take well under a second)
+and every request carries its agent's ``Authorization: Bearer``; the token's name owns the lease, so
+bodies name no owner. Heartbeats: one token per agent. Lapse: one token per creation slot
+(``--concurrency``, each slot an agent taking many leases; the calibration uses the same ones, so it
+measures the same rate) and one per probe agent.
+
+Resource and token names carry a run id, so a database may be reused and several runs never mix.
 
     python -m bench.fleet                      # both scenarios, default sizes, embedded PostgreSQL
     python -m bench.fleet --quick              # 500 agents x 15 s, 5,000 leases
@@ -58,6 +65,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from bench.auth import AUTH, agent_names, bearer, mint_agent_tokens
 from lockledger.dburl import asyncpg_dsn
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -425,7 +433,8 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class Http:
-    """A lean aiohttp client: POST JSON with an Idempotency-Key, return (status, body, seconds).
+    """A lean aiohttp client: POST JSON with an Idempotency-Key and the calling agent's ``Authorization``
+    (``bearer(token)``), return (status, body, seconds).
 
     Status 0 means the request failed below HTTP (connection error, timeout).
     """
@@ -445,9 +454,15 @@ class Http:
         if self._session is not None:
             await self._session.close()
 
-    async def post(self, path: str, body: dict[str, Any], key: str | None = None) -> tuple[int, bytes, float]:
+    async def post(
+        self, path: str, body: dict[str, Any], authorization: str, key: str | None = None
+    ) -> tuple[int, bytes, float]:
         assert self._session is not None
-        headers = {**JSON_HEADERS, "Idempotency-Key": key or os.urandom(12).hex()}
+        headers = {
+            **JSON_HEADERS,
+            "Authorization": authorization,
+            "Idempotency-Key": key or os.urandom(12).hex(),
+        }
         started = time.perf_counter()
         try:
             async with self._session.post(
@@ -464,13 +479,13 @@ RETRYABLE = frozenset({0, 502, 503, 504})
 
 
 async def post_with_retries(
-    http: Http, path: str, body: dict[str, Any], *, attempts: int = 3
+    http: Http, path: str, body: dict[str, Any], authorization: str, *, attempts: int = 3
 ) -> tuple[int, bytes, float]:
     """Retry transport errors and 503 with the same Idempotency-Key, as a well-behaved agent does."""
     key = os.urandom(12).hex()
     status, data, seconds = 0, b"", 0.0
     for attempt in range(attempts):
-        status, data, seconds = await http.post(path, body, key)
+        status, data, seconds = await http.post(path, body, authorization, key)
         if status not in RETRYABLE:
             break
         await asyncio.sleep(0.05 * (attempt + 1))
@@ -546,6 +561,7 @@ async def environment(database_url: str, options: FleetOptions) -> dict[str, Any
         "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
         "git": _git_revision(),
         "server_workers": options.server_workers,
+        "auth": AUTH,
         "reaper_interval_ms": options.reaper_interval_ms,
         "reaper_batch_size": options.reaper_batch_size,
     }
@@ -583,6 +599,18 @@ def postgres_monitor_pid(backend_pid: int) -> int | None:
     return None
 
 
+# --- API tokens ------------------------------------------------------------------------------------------
+
+
+async def mint_authorizations(database_url: str, names: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """One agent token per name, minted in one statement, as ``Authorization`` header values (in the
+    order of ``names``); and what minting them took."""
+    started = time.perf_counter()
+    tokens = await mint_agent_tokens(database_url, names)
+    seconds = time.perf_counter() - started
+    return [bearer(token) for token in tokens], {"minted": len(names), "seconds": round(seconds, 3)}
+
+
 # --- scenario: heartbeats ---------------------------------------------------------------------------------
 
 
@@ -614,15 +642,19 @@ async def run_heartbeats(ctx: RunContext, params: HeartbeatParams) -> dict[str, 
     def deadline_of(body: bytes) -> float:
         return datetime.fromisoformat(json.loads(body)["expires_at"]).timestamp() - offset_s
 
+    auth, minting = await mint_authorizations(ctx.database_url, agent_names(f"fleet-{ctx.run_id}-hb-", n))
     async with Http(ctx.base_url, connections=params.concurrency) as http:
-        ctx.console.print(f"[bold]heartbeats[/bold]: {n} agents acquire (ttl {params.ttl_ms} ms)")
+        ctx.console.print(
+            f"[bold]heartbeats[/bold]: {n} agents (API tokens minted in {minting['seconds']:.2f} s) "
+            f"acquire (ttl {params.ttl_ms} ms)"
+        )
         acquire_begin = ctx.sampler.snapshot()
         started = loop.time()
 
         def acquire_job(i: int) -> Callable[[], Awaitable[None]]:
             async def job() -> None:
                 status, body, seconds = await post_with_retries(
-                    http, f"/v1/locks/{prefix}{i}/acquire", {"owner": f"hb-{i}", "ttl_ms": params.ttl_ms}
+                    http, f"/v1/locks/{prefix}{i}/acquire", {"ttl_ms": params.ttl_ms}, auth[i]
                 )
                 acquire_status[status] += 1
                 acquire_latency.append(seconds)
@@ -674,7 +706,7 @@ async def run_heartbeats(ctx: RunContext, params: HeartbeatParams) -> dict[str, 
                 sent = time.time()
                 late_sends += sent >= deadlines[i]
                 status, body, seconds = await http.post(
-                    f"/v1/locks/{prefix}{i}/renew", {"owner": f"hb-{i}", "fencing_token": token}
+                    f"/v1/locks/{prefix}{i}/renew", {"fencing_token": token}, auth[i]
                 )
                 renew_status[status] += 1
                 renew_latency.append(seconds)
@@ -711,7 +743,7 @@ async def run_heartbeats(ctx: RunContext, params: HeartbeatParams) -> dict[str, 
                 if token is None:
                     return
                 status, _, seconds = await post_with_retries(
-                    http, f"/v1/locks/{prefix}{i}/release", {"owner": f"hb-{i}", "fencing_token": token}
+                    http, f"/v1/locks/{prefix}{i}/release", {"fencing_token": token}, auth[i]
                 )
                 release_status[status] += 1
                 release_latency.append(seconds)
@@ -752,6 +784,7 @@ async def run_heartbeats(ctx: RunContext, params: HeartbeatParams) -> dict[str, 
         "run_id": ctx.run_id,
         "params": asdict(params),
         "prefix": prefix,
+        "tokens": minting,
         "acquire": {
             "held": held,
             "seconds": round(acquire_s, 2),
@@ -797,12 +830,16 @@ async def run_heartbeats(ctx: RunContext, params: HeartbeatParams) -> dict[str, 
 
 
 class Probe:
-    """Agents doing acquire/release cycles on their own resources; every command's start and latency."""
+    """Agents doing acquire/release cycles on their own resources; every command's start and latency.
 
-    def __init__(self, http: Http, prefix: str, agents: int, rate: float) -> None:
+    ``authorizations[j]`` is probe agent j's ``Authorization`` header value.
+    """
+
+    def __init__(self, http: Http, prefix: str, authorizations: Sequence[str], rate: float) -> None:
         self._http = http
         self._prefix = prefix
-        self._agents = agents
+        self._auth = authorizations
+        self._agents = agents = len(authorizations)
         self._interval = agents / rate if rate > 0 else 0.0  # per agent, between cycle starts
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -836,7 +873,7 @@ class Probe:
             k += 1
             wall = time.time()
             status, body, seconds = await self._http.post(
-                f"/v1/locks/{resource}/acquire", {"owner": f"probe-{j}", "ttl_ms": 30_000}
+                f"/v1/locks/{resource}/acquire", {"ttl_ms": 30_000}, self._auth[j]
             )
             self._record(wall, seconds, status == 201, 0, status)
             if status != 201:
@@ -845,7 +882,7 @@ class Probe:
             token = int(json.loads(body)["fencing_token"])
             wall = time.time()
             status, _, seconds = await self._http.post(
-                f"/v1/locks/{resource}/release", {"owner": f"probe-{j}", "fencing_token": token}
+                f"/v1/locks/{resource}/release", {"fencing_token": token}, self._auth[j]
             )
             self._record(wall, seconds, status == 200, 1, status)
 
@@ -875,6 +912,14 @@ async def run_lapse(ctx: RunContext, params: LapseParams) -> dict[str, Any]:
     """L leases acquired and left to lapse while a probe keeps serving; lateness from the log."""
     prefix = f"fleet:lapse:{ctx.run_id}:"
     loop = asyncio.get_running_loop()
+    # One token per creation slot (an agent taking many leases) and one per probe agent.
+    slots = params.concurrency
+    auth, minting = await mint_authorizations(
+        ctx.database_url,
+        agent_names(f"fleet-{ctx.run_id}-lapse-", slots)
+        + agent_names(f"fleet-{ctx.run_id}-probe-", params.probe_agents),
+    )
+    creators, probers = auth[:slots], auth[slots:]
     conn = await connect_owner(ctx.database_url)
     try:
         offset_s = await db_clock_offset_s(conn)
@@ -882,7 +927,7 @@ async def run_lapse(ctx: RunContext, params: LapseParams) -> dict[str, Any]:
             Http(ctx.base_url, connections=params.concurrency) as http,
             Http(ctx.base_url, connections=max(params.probe_agents, 1)) as probe_http,
         ):
-            probe = Probe(probe_http, f"fleet:probe:{ctx.run_id}:", params.probe_agents, params.probe_rate)
+            probe = Probe(probe_http, f"fleet:probe:{ctx.run_id}:", probers, params.probe_rate)
             probe.start()
             try:
                 baseline_begin = time.time()
@@ -901,7 +946,8 @@ async def run_lapse(ctx: RunContext, params: LapseParams) -> dict[str, Any]:
                             status, _, _ = await post_with_retries(
                                 http,
                                 f"/v1/locks/fleet:calib:{ctx.run_id}:{i}/acquire",
-                                {"owner": "calibration", "ttl_ms": TTL_MIN_MS},
+                                {"ttl_ms": TTL_MIN_MS},
+                                creators[i % slots],
                             )
                             cal_status[status] += 1
 
@@ -944,7 +990,7 @@ async def run_lapse(ctx: RunContext, params: LapseParams) -> dict[str, Any]:
                     async def job() -> None:
                         ttl = ttl_ms if cluster_at is None else _clamp_ttl((cluster_at - loop.time()) * 1000)
                         status, body, seconds = await post_with_retries(
-                            http, f"/v1/locks/{prefix}{i}/acquire", {"owner": f"lapse-{i}", "ttl_ms": ttl}
+                            http, f"/v1/locks/{prefix}{i}/acquire", {"ttl_ms": ttl}, creators[i % slots]
                         )
                         create_status[status] += 1
                         create_latency.append(seconds)
@@ -1017,6 +1063,7 @@ async def run_lapse(ctx: RunContext, params: LapseParams) -> dict[str, Any]:
         "run_id": ctx.run_id,
         "params": asdict(params),
         "prefix": prefix,
+        "tokens": minting,
         "calibration": calibration,
         "ttl_ms": ttl_ms,
         "create": {
@@ -1157,6 +1204,7 @@ async def running_server(
         "LOCKLEDGER_REAPER_INTERVAL_MS": str(options.reaper_interval_ms),
         "LOCKLEDGER_REAPER_BATCH_SIZE": str(options.reaper_batch_size),
         **options.server_env,
+        "LOCKLEDGER_DEV_MODE": "false",  # authentication on, as in production: the agents send tokens
     }
     server = ServerProcess(
         database_url, workers=options.server_workers, env=env, log_path=log_dir / "serve.log"
@@ -1276,6 +1324,12 @@ def heartbeats_table(record: dict[str, Any]) -> Table:
         table.add_column(column)
     checks = record["checks"]
     table.add_row(
+        "API tokens minted (one per agent; authentication on)",
+        f"{record['tokens']['minted']:,} in {record['tokens']['seconds']} s",
+        "",
+        "",
+    )
+    table.add_row(
         "acquired",
         f"{acquire['held']:,} in {acquire['seconds']} s ({_fmt(acquire['per_s'])}/s)",
         "all",
@@ -1339,6 +1393,12 @@ def lapse_table(record: dict[str, Any]) -> Table:
     for column in ("measure", "value", "target", ""):
         table.add_column(column)
     table.add_row(
+        "API tokens minted (creation slots + probe; authentication on)",
+        f"{record['tokens']['minted']:,} in {record['tokens']['seconds']} s",
+        "",
+        "",
+    )
+    table.add_row(
         "created",
         f"{create['created']:,} in {create['seconds']} s ({_fmt(create['per_s'])}/s)",
         "all",
@@ -1400,8 +1460,9 @@ def environment_line(record: dict[str, Any]) -> str:
     return (
         f"{record['cpu_count']} CPUs, {record['memory_gb']} GB, Python {record['python']}, "
         f"PostgreSQL {record['postgresql']} ({record['postgresql_settings']}), "
-        f"{record['server_workers']} server workers, reaper {record['reaper_interval_ms']} ms / "
-        f"{record['reaper_batch_size']}, git {record['git']}, client loop {record['event_loop']}"
+        f"{record['server_workers']} server workers, auth {record.get('auth')}, "
+        f"reaper {record['reaper_interval_ms']} ms / {record['reaper_batch_size']}, git {record['git']}, "
+        f"client loop {record['event_loop']}"
     )
 
 

@@ -5,6 +5,9 @@
   built on, without their buffering), one connection per agent, responses parsed by
   ``httptools.HttpResponseParser`` (llhttp, the parser uvicorn uses).
 
+Either way each agent has its own API token: ``open(tokens)`` gives agent i a connection handle that sends
+``Authorization: Bearer <tokens[i]>`` on every request (its header bytes, or its header dict, built once).
+
 The load generator shares two cores with the server and PostgreSQL, so every microsecond of client CPU
 is taken from the system under test; the runner measures both and uses the leaner (see calibrate.py).
 """
@@ -12,10 +15,13 @@ is taken from the system under test; the runner measures both and uses the leane
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Protocol, cast
 
 import aiohttp
 import httptools
+
+from bench.auth import bearer
 
 CLIENT_KINDS = ("httptools", "aiohttp")
 
@@ -28,7 +34,8 @@ class HttpConnection(Protocol):
 class HttpClient(Protocol):
     kind: str
 
-    async def open(self, connections: int) -> None: ...
+    async def open(self, tokens: Sequence[str]) -> None:
+        """One agent connection per token; connection ``i`` authenticates with ``tokens[i]``."""
 
     def connection(self, index: int) -> HttpConnection: ...
 
@@ -38,11 +45,15 @@ class HttpClient(Protocol):
 class _RawConnection(asyncio.Protocol):
     """One keep-alive connection; one request in flight at a time (an agent waits for each reply)."""
 
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float, token: str) -> None:
         self._host = host
         self._port = port
         self._timeout_s = timeout_s
-        self._host_header = f"Host: {host}:{port}\r\n".encode()
+        # Every header but the key and the length, built once per connection.
+        self._headers = (
+            f"Host: {host}:{port}\r\nAuthorization: {bearer(token)}\r\n"
+            "Content-Type: application/json\r\nIdempotency-Key: "
+        ).encode()
         self._transport: asyncio.Transport | None = None
         self._parser: httptools.HttpResponseParser | None = None
         self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
@@ -67,8 +78,7 @@ class _RawConnection(asyncio.Protocol):
             b"".join(
                 (
                     f"POST {path} HTTP/1.1\r\n".encode(),
-                    self._host_header,
-                    b"Content-Type: application/json\r\nIdempotency-Key: ",
+                    self._headers,
                     idempotency_key.encode(),
                     f"\r\nContent-Length: {len(body)}\r\n\r\n".encode(),
                     body,
@@ -137,10 +147,8 @@ class RawHttpClient:
         self._host, self._port, self._timeout_s = host, port, timeout_s
         self._connections: list[_RawConnection] = []
 
-    async def open(self, connections: int) -> None:
-        self._connections = [
-            _RawConnection(self._host, self._port, self._timeout_s) for _ in range(connections)
-        ]
+    async def open(self, tokens: Sequence[str]) -> None:
+        self._connections = [_RawConnection(self._host, self._port, self._timeout_s, t) for t in tokens]
 
     def connection(self, index: int) -> HttpConnection:
         return self._connections[index]
@@ -152,8 +160,22 @@ class RawHttpClient:
         await asyncio.sleep(0)  # let the transports close
 
 
+class _AiohttpAgent:
+    """One agent's handle on the shared session: its own headers (its token), built once."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str, token: str) -> None:
+        self._session = session
+        self._base = base
+        self._headers = {"Content-Type": "application/json", "Authorization": bearer(token)}
+
+    async def post(self, path: str, body: bytes, idempotency_key: str) -> tuple[int, bytes]:
+        headers = {**self._headers, "Idempotency-Key": idempotency_key}
+        async with self._session.post(self._base + path, data=body, headers=headers) as response:
+            return response.status, await response.read()
+
+
 class AiohttpClient:
-    """One aiohttp session, a connector keeping up to ``connections`` sockets alive."""
+    """One aiohttp session, a connector keeping up to one socket per agent alive."""
 
     kind = "aiohttp"
 
@@ -161,8 +183,10 @@ class AiohttpClient:
         self._base = f"http://{host}:{port}"
         self._timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._agents: list[_AiohttpAgent] = []
 
-    async def open(self, connections: int) -> None:
+    async def open(self, tokens: Sequence[str]) -> None:
+        connections = len(tokens)
         connector = aiohttp.TCPConnector(
             limit=connections, limit_per_host=connections, keepalive_timeout=60, ttl_dns_cache=None
         )
@@ -173,17 +197,13 @@ class AiohttpClient:
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
         )
+        self._agents = [_AiohttpAgent(self._session, self._base, token) for token in tokens]
 
     def connection(self, index: int) -> HttpConnection:
-        return self
-
-    async def post(self, path: str, body: bytes, idempotency_key: str) -> tuple[int, bytes]:
-        assert self._session is not None
-        headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key}
-        async with self._session.post(self._base + path, data=body, headers=headers) as response:
-            return response.status, await response.read()
+        return self._agents[index]
 
     async def close(self) -> None:
+        self._agents = []
         if self._session is not None:
             await self._session.close()
             self._session = None

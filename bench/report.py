@@ -25,9 +25,10 @@ def _lat(cell: Cell, command: str) -> str:
     return f"{lat['p50']:.1f}/{lat['p95']:.1f}/{lat['p99']:.1f}"
 
 
-def cells_table(cells: list[Cell], renews: int) -> Table:
+def cells_table(cells: list[Cell], renews: int, auth: str | None = None) -> Table:
+    authenticated = f"; HTTP agents authenticate ({auth}, one API token each)" if auth else ""
     table = Table(
-        title="lockledger bench: every cell (latency ms p50/p95/p99; CPU in % of one core)",
+        title=f"lockledger bench: every cell (latency ms p50/p95/p99; CPU in % of one core{authenticated})",
         title_justify="left",
     )
     for name, justify in (
@@ -110,7 +111,7 @@ def goals_table(checks: list[dict[str, Any]]) -> Table:
 
 
 def print_report(console: Console, cells: list[Cell], summary: dict[str, Any], renews: int) -> None:
-    console.print(cells_table(cells, renews))
+    console.print(cells_table(cells, renews, summary["environment"].get("auth")))
     if summary["ratios"]:
         console.print(ratios_table(summary["ratios"]))
     if summary["goals"]:

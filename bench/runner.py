@@ -2,7 +2,9 @@
 
 Cells run mode by mode, W by W, all targets one after the other at each W, so slow drift on the machine
 (another process, table growth) spreads over all targets instead of favouring one. Each (target, mode)
-has its own resource names, shared by its W cells; agents release everything before a cell ends.
+has its own resource names, shared by its W cells; agents release everything before a cell ends. The
+server runs with authentication on: before any load, one API token per agent (max W of them) is minted
+in one statement, and agent i of every HTTP cell (lockledger, noop, the calibration) sends token i.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
+from bench.auth import AUTH, agent_names, mint_agent_tokens
 from bench.calibrate import calibrate
 from bench.cell import CellSpec, run_cell
 from bench.config import HTTP_TARGETS, BenchConfig
@@ -65,6 +68,7 @@ class BenchRun:
         self.redis_pid: int | None = None
         self._baselines: dict[str, Target] = {}
         self._names: dict[str, list[str]] = {}
+        self.tokens: list[str] = []  # agent i's API token, for every HTTP cell
 
     # targets -------------------------------------------------------------------------------------------
     async def _baseline(self, name: str) -> Target | None:
@@ -100,7 +104,21 @@ class BenchRun:
     def _http_target(self, name: str, server: LockledgerServer) -> Target:
         prefix = LOCKS_PREFIX if name == "lockledger" else NOOP_PREFIX
         client = make_client(self.http_client, server.host, server.port, self.config.request_timeout_s)
-        return HttpLockTarget(name, prefix, client, self.run_id, self.config.ttl_ms)
+        return HttpLockTarget(name, prefix, client, self.run_id, self.config.ttl_ms, self.tokens)
+
+    async def _mint_tokens(self) -> None:
+        """One agent token per simulated agent (the largest W), all in one statement."""
+        names = agent_names(f"bench-{self.run_id}-agent-", max(self.config.workers))
+        started = time.perf_counter()
+        self.tokens = await mint_agent_tokens(self.db.url, names)
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        self.console.print(f"minted {len(self.tokens)} agent API tokens in {elapsed_ms:.0f} ms")
+        self.notes.append(
+            f"authentication on: each HTTP agent (lockledger, noop and the calibration alike) sends its own "
+            f"API token (Authorization: Bearer; {len(self.tokens)} agent tokens), whose name owns its "
+            "leases; each server process caches a token's lookup (LOCKLEDGER_AUTH_CACHE_S, 10 s), so "
+            "a request costs a dict lookup and a SHA-256, and an agent a database lookup per period"
+        )
 
     def _resources(self, target: str, mode: str, server_workers: int | None) -> list[str]:
         key = f"{target}-{mode}-{server_workers}"
@@ -133,6 +151,8 @@ class BenchRun:
         total = self._plan()
         done = 0
         wants_http = any(t in HTTP_TARGETS for t in config.targets)
+        if wants_http:
+            await self._mint_tokens()
         for pass_index, server_workers in enumerate(config.server_workers):
             targets = [t for t in config.targets if t in HTTP_TARGETS or pass_index == 0]
             if not targets:
@@ -183,6 +203,7 @@ class BenchRun:
             timeout_s=config.request_timeout_s,
             process_groups=self._groups(server),
             run_id=self.run_id,
+            tokens=self.tokens,
         )
         self.http_client = self.calibration["chosen"]
         costs = ", ".join(
@@ -280,6 +301,8 @@ class BenchRun:
                 "http_client": self.http_client,
                 "http_client_calibration": self.calibration,
                 "event_loop": _loop_name(),
+                "auth": AUTH if self.tokens else None,
+                "agent_tokens": len(self.tokens),
             }
         )
         return {

@@ -1,8 +1,9 @@
 """The lockledger server under test: ``python -m lockledger serve`` as a subprocess of the bench.
 
-Started with its reaper on (as in production) and the no-op twin mounted (``LOCKLEDGER_BENCH_NOOP``), so
-the real endpoints and the framework ceiling run in the same processes. The bench knows its process id
-and samples it and its workers.
+Started with its reaper and authentication on (as in production: ``LOCKLEDGER_DEV_MODE=false`` whatever
+the bench's own environment says; ready only once a request without a token is refused with 401) and the
+no-op twin mounted (``LOCKLEDGER_BENCH_NOOP``), so the real endpoints and the framework ceiling run in the
+same processes. The bench knows its process id and samples it and its workers.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class LockledgerServer:
             "--workers", str(self.workers),
             "--database-url", self.database_url, "--no-migrate",
         ]  # fmt: skip
-        env = {**os.environ, "LOCKLEDGER_BENCH_NOOP": "true"}
+        env = {**os.environ, "LOCKLEDGER_BENCH_NOOP": "true", "LOCKLEDGER_DEV_MODE": "false"}
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -64,6 +65,9 @@ class LockledgerServer:
                     f"lockledger serve exited with {self.process.returncode}:\n{self.log_tail()}"
                 )
             if self._ready() and self._workers_up():
+                if (status := self.anonymous_status()) != 401:
+                    self.stop()
+                    raise RuntimeError(f"authentication is off: a command without a token got {status}")
                 return
             time.sleep(0.1)
         self.stop()
@@ -75,6 +79,20 @@ class LockledgerServer:
                 return bool(response.status == 200)
         except (urllib.error.URLError, OSError):
             return False
+
+    def anonymous_status(self) -> int:
+        """The status of an acquire sent without a token (401 with authentication on)."""
+        request = urllib.request.Request(
+            f"{self.base_url}/v1/locks/bench-auth-check/acquire",
+            data=b'{"ttl_ms": 1000}',
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
 
     def _workers_up(self) -> bool:
         """With several workers, every worker has answered readiness (each runs its own lifespan)."""

@@ -1,16 +1,21 @@
 """lockledger's HTTP command API, and its no-op twin: the same requests to another path prefix.
 
 Every command carries an ``Idempotency-Key`` (unique per command), as a careful agent sends it, so every
-successful command also writes its idempotency record.
+successful command also writes its idempotency record. Authentication is on: agent i sends its own API
+token (``Authorization: Bearer``), whose name is the lease owner, so the bodies name no owner (as the SDK
+does with a token). The no-op twin gets the same tokens and headers, so its ceiling pays for the same
+authentication.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from itertools import count
 from typing import Any
 
+from bench.auth import AUTH
 from bench.http_client import HttpClient, HttpConnection
 from bench.targets.base import Agent, CommandFailed, Safety
 
@@ -23,13 +28,14 @@ def _failure(command: str, status: int, body: bytes) -> CommandFailed:
 
 
 class HttpAgent:
-    def __init__(self, connection: HttpConnection, prefix: str, owner: str, key_prefix: str, ttl_ms: int):
+    """One agent on its own connection, which carries its token (the token's name owns its leases)."""
+
+    def __init__(self, connection: HttpConnection, prefix: str, key_prefix: str, ttl_ms: int) -> None:
         self._connection = connection
         self._prefix = prefix
-        self._owner = owner
         self._keys = count()
         self._key_prefix = key_prefix
-        self._acquire_body = json.dumps({"owner": owner, "ttl_ms": ttl_ms}).encode()
+        self._acquire_body = json.dumps({"ttl_ms": ttl_ms}).encode()
 
     def _key(self) -> str:
         return f"{self._key_prefix}{next(self._keys)}"
@@ -51,22 +57,28 @@ class HttpAgent:
         await self._command("release", resource, token)
 
     async def _command(self, command: str, resource: str, token: Any) -> None:
-        body = f'{{"owner":"{self._owner}","fencing_token":{int(token)}}}'.encode()
+        body = f'{{"fencing_token":{int(token)}}}'.encode()
         status, reply = await self._connection.post(f"{self._prefix}/{resource}/{command}", body, self._key())
         if status != 200:
             raise _failure(command, status, reply)
 
 
 class HttpLockTarget:
-    """``lockledger`` (prefix /v1/locks) or ``noop`` (prefix /v1/noop) on the bench's server."""
+    """``lockledger`` (prefix /v1/locks) or ``noop`` (prefix /v1/noop) on the bench's server.
 
-    def __init__(self, name: str, prefix: str, client: HttpClient, run_id: str, ttl_ms: int) -> None:
+    ``tokens[i]`` is agent i's API token; a cell of W agents needs at least W of them.
+    """
+
+    def __init__(
+        self, name: str, prefix: str, client: HttpClient, run_id: str, ttl_ms: int, tokens: Sequence[str]
+    ) -> None:
         self.name = name
         self.safety = Safety(exclusive=True, monotonic_tokens=True) if prefix == LOCKS_PREFIX else None
         self._prefix = prefix
         self._client = client
         self._keys_prefix = f"{run_id}-{uuid.uuid4().hex[:8]}-{name}"  # unique per target instance
         self._ttl_ms = ttl_ms
+        self._tokens = tokens
         self._cells = count()
         self._cell = 0
 
@@ -75,13 +87,14 @@ class HttpLockTarget:
 
     async def start_cell(self, workers: int) -> None:
         self._cell = next(self._cells)
-        await self._client.open(workers)
+        if workers > len(self._tokens):
+            raise ValueError(f"{workers} agents but only {len(self._tokens)} API tokens")
+        await self._client.open(self._tokens[:workers])
 
     def agent(self, index: int) -> Agent:
         return HttpAgent(
             self._client.connection(index),
             self._prefix,
-            owner=f"agent-{index}",
             key_prefix=f"{self._keys_prefix}-{self._cell}-{index}-",
             ttl_ms=self._ttl_ms,
         )
@@ -93,4 +106,9 @@ class HttpLockTarget:
         await self._client.close()
 
     def describe(self) -> dict[str, Any]:
-        return {"path_prefix": self._prefix, "http_client": self._client.kind, "idempotency_key": True}
+        return {
+            "path_prefix": self._prefix,
+            "http_client": self._client.kind,
+            "idempotency_key": True,
+            "auth": AUTH,
+        }

@@ -1,18 +1,24 @@
 """The benchmark, end to end in quick mode with very short cells: every target measures something,
-nothing fails, the hot mode finds no safety violation, and the JSON lines file holds what it promises."""
+nothing fails, the hot mode finds no safety violation, and the JSON lines file holds what it promises.
+The bench's server runs with authentication on, and its agents get through with their own tokens."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import uuid
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from bench.auth import AUTH, agent_names, mint_agent_tokens
 from bench.config import BenchConfig, quick_config
+from bench.http_client import CLIENT_KINDS, make_client
 from bench.output import read
 from bench.runner import run
+from bench.server import LockledgerServer
 from bench.targets.redis_lock import redis_answers
 
 pytestmark = pytest.mark.storage
@@ -24,7 +30,7 @@ CELL_KEYS = {
     "loadgen_cpu_ms_per_request", "other_cpu_pct", "violations", "safety", "http_client",
 }  # fmt: skip
 SUMMARY_KEYS = {"type", "ratios", "goals", "errors", "violations", "notes", "environment", "config"}
-ENVIRONMENT_KEYS = {"cpu_count", "python", "postgresql", "git_commit", "http_client"}
+ENVIRONMENT_KEYS = {"cpu_count", "python", "postgresql", "git_commit", "http_client", "auth", "agent_tokens"}
 
 
 def _targets() -> tuple[str, ...]:
@@ -59,6 +65,7 @@ def test_quick_bench_measures_every_target_without_errors(database_url: str, tmp
             assert cell["server_cpu_pct"] is not None, where
             assert cell["server_peak_rss_mb"] > 0, where
             assert cell["http_client"] in ("httptools", "aiohttp"), where
+            assert cell["target_config"]["auth"] == AUTH, where
 
     records = read(out)
     assert [r["type"] for r in records] == ["cell"] * len(cells) + ["summary"]
@@ -71,3 +78,35 @@ def test_quick_bench_measures_every_target_without_errors(database_url: str, tmp
     assert last["violations"] == 0
     assert {(r["mode"], r["workers"]) for r in last["ratios"]} == {("uniform", 4), ("hot", 4)}
     assert last["environment"]["postgresql"]["postgresql"]
+    assert last["environment"]["auth"] == "bearer"
+    assert last["environment"]["agent_tokens"] == 4
+    assert any("authentication on" in note for note in last["notes"])
+
+
+def test_the_bench_server_wants_a_token_and_each_agent_sends_its_own(database_url: str) -> None:
+    server = LockledgerServer(database_url, workers=1)
+    server.start()  # refuses to come up unless a command without a token gets 401
+    try:
+        assert server.anonymous_status() == 401
+
+        async def owners(kind: str, names: list[str]) -> list[str]:
+            """The owner of a lease each of ``names``' agents takes without naming one in the body."""
+            client = make_client(kind, server.host, server.port, timeout_s=10)
+            await client.open(await mint_agent_tokens(database_url, names))
+            try:
+                seen = []
+                for i in range(len(names)):
+                    path = f"/v1/locks/bench-auth-{uuid.uuid4().hex[:8]}/acquire"
+                    body = json.dumps({"ttl_ms": 5_000}).encode()
+                    status, reply = await client.connection(i).post(path, body, uuid.uuid4().hex)
+                    assert status == 201, reply
+                    seen.append(json.loads(reply)["owner"])
+                return seen
+            finally:
+                await client.close()
+
+        for kind in CLIENT_KINDS:
+            names = agent_names(f"test-{uuid.uuid4().hex[:8]}-", 2)
+            assert asyncio.run(owners(kind, names)) == names, kind
+    finally:
+        server.stop()

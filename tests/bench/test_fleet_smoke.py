@@ -38,9 +38,11 @@ async def test_fleet_small(database_url: str) -> None:
         output_dir=None,
     )
     records = {record["kind"]: record for record in await run_fleet(database_url, options)}
+    assert records["environment"]["auth"] == "bearer"
 
     heartbeats = records["heartbeats"]
     print(heartbeats["renew"])
+    assert heartbeats["tokens"]["minted"] == 200  # one API token per agent, authentication on
     assert heartbeats["acquire"]["held"] == 200
     assert heartbeats["renew"]["statuses"] == {"200": heartbeats["renew"]["ok"]}
     assert heartbeats["renew"]["ok"] >= 200 * 3  # 6 s of renews every 2 s
@@ -51,6 +53,7 @@ async def test_fleet_small(database_url: str) -> None:
     lapse = records["lapse"]
     expiry = lapse["expiry"]
     print({key: expiry[key] for key in ("expired", "p50_s", "p99_s", "max_s", "peak_rate_per_s")})
+    assert lapse["tokens"]["minted"] == 64 + 4  # one per creation slot and one per probe agent
     assert lapse["create"]["created"] == 2_000
     assert lapse["create"]["lapsed_before_creation_finished"] == 0
     assert expiry["still_held"] == 0
