@@ -10,6 +10,7 @@ import structlog
 from fastapi import FastAPI
 
 from api import commands, health, noop, problems, queries, tokens
+from api.limits import install_limits
 from service.authenticator import Authenticator
 from service.config import Settings
 from service.database import create_pool
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="lockledger", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings
     problems.install(app)
+    install_limits(app, settings)
     app.include_router(commands.router)
     app.include_router(queries.router)
     app.include_router(tokens.router)

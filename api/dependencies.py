@@ -18,7 +18,7 @@ ResourcePath = Annotated[
         pattern=RESOURCE_PATTERN,
         min_length=1,
         max_length=200,
-        description="Resource id, e.g. `pallet:42` or `zone:A3` (1-200 of `[A-Za-z0-9._:-]`).",
+        description="Resource id, e.g. `pallet:42` or `zone:A3` (1-200 of `[A-Za-z0-9._:-]`, not only dots).",
     ),
 ]
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from domain.resource import OWNER_PATTERN
 
@@ -19,26 +19,39 @@ Owner = Field(
 )
 
 
+def _whole_number(value: object) -> object:
+    """JSON has one number type: ``373.0`` is the integer 373 (JSON Schema's ``integer`` says so too), so
+    a client whose encoder writes floats is not refused. Strings, booleans and fractions still are."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # "1500" is not a TTL
 
 
 class AcquireRequest(_Body):
     owner: str | None = Owner
-    ttl_ms: int | None = Field(
+    ttl_ms: WholeNumber | None = Field(
         default=None, description="Lease length; the server default (30 s) if omitted."
     )
 
 
 class RenewRequest(_Body):
     owner: str | None = Owner
-    fencing_token: int = Field(ge=1, le=2**62)
-    ttl_ms: int | None = Field(default=None, description="New lease length; the current one if omitted.")
+    fencing_token: WholeNumber = Field(ge=1, le=2**62)
+    ttl_ms: WholeNumber | None = Field(
+        default=None, description="New lease length; the current one if omitted."
+    )
 
 
 class ReleaseRequest(_Body):
     owner: str | None = Owner
-    fencing_token: int = Field(ge=1, le=2**62)
+    fencing_token: WholeNumber = Field(ge=1, le=2**62)
 
 
 class ForceReleaseRequest(_Body):

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
 from service.database_guard import UNREACHABLE
@@ -131,13 +132,11 @@ def install(app: FastAPI) -> None:
         # FastAPI answers 400 for a body it cannot decode at all (e.g. invalid UTF-8) but 422 for one that
         # is not JSON; the contract has one answer for malformed input: 422 validation_error.
         status = 422 if code == "validation_error" and error.status_code == 400 else error.status_code
-        return problem(
-            status,
-            code,
-            str(error.detail),
-            instance=request.url.path,
-            headers=getattr(error, "headers", None),
-        )
+        headers = getattr(error, "headers", None)
+        if status == 405:
+            # Starlette names the methods of the first route whose path matched; RFC 9110 wants all of them.
+            headers = {**(headers or {}), "Allow": _allowed_methods(request)}
+        return problem(status, code, str(error.detail), instance=request.url.path, headers=headers)
 
     async def database_unavailable(request: Request, error: Exception) -> Response:
         log.warning("database unavailable", error=repr(error), path=request.url.path)
@@ -156,6 +155,17 @@ def install(app: FastAPI) -> None:
     async def internal_error(request: Request, error: Exception) -> Response:
         log.exception("unhandled error", path=request.url.path)
         return problem(500, "internal_error", "an unexpected error occurred", instance=request.url.path)
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path, asked of the router itself (FastAPI nests included
+    routers, so the routes' own method sets are not at hand)."""
+    allowed = []
+    for method in ("DELETE", "GET", "PATCH", "POST", "PUT"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return ", ".join(allowed)
 
 
 def document(app: FastAPI) -> None:
@@ -188,6 +198,10 @@ def document(app: FastAPI) -> None:
             for operation in path.values():
                 responses = operation.setdefault("responses", {})
                 answers = [("422", "Validation error"), ("503", "Service unavailable")]
+                # api/limits.py: any request may carry too many header bytes; only a body can be too big.
+                answers.append(("431", "Request headers too large"))
+                if "requestBody" in operation:
+                    answers.append(("413", "Request body too large"))
                 if operation.get("security"):
                     answers += [
                         ("401", "No valid API token"),

@@ -25,7 +25,7 @@ async def list_locks(
     holder: Annotated[str | None, Query(pattern=OWNER_PATTERN, max_length=200)] = None,
     prefix: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9._:\-]{0,200}$")] = None,
     expiring_within_ms: Annotated[int | None, Query(ge=0, le=86_400_000)] = None,
-    cursor: Annotated[str | None, Query(pattern=RESOURCE_PATTERN)] = None,
+    cursor: Annotated[str | None, Query(pattern=RESOURCE_PATTERN, max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> LockList:
     """Live leases, by resource. Filter by holder, resource prefix, or deadline within the next N ms."""
@@ -61,7 +61,9 @@ async def get_lock(resource: ResourcePath, request: Request) -> LockInfo:
 async def history(
     resource: ResourcePath,
     request: Request,
-    after_version: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,  # a bigint: larger is a 422, not a 500
+    # A bigint: larger is a 422, not a 500. `lt=2**63`, not `le=2**63 - 1`: FastAPI holds OpenAPI bounds
+    # as floats, and only the power of two survives that exactly.
+    after_version: Annotated[int, Query(ge=0, lt=2**63)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> History:
     """The resource's events in order; page with `after_version`."""

@@ -141,7 +141,9 @@ def _validate(state: LockState, command: Command, bounds: TtlBounds) -> None:
     if command.resource != state.resource:
         raise InvalidCommand(command.resource, f"command for {command.resource} applied to {state.resource}")
     if not is_valid_resource(command.resource):
-        raise InvalidCommand(command.resource, "resource must be 1-200 characters of [A-Za-z0-9._:-]")
+        raise InvalidCommand(
+            command.resource, "resource must be 1-200 characters of [A-Za-z0-9._:-], not only dots"
+        )
     owner = getattr(command, "owner", None)
     if owner is not None and not is_valid_owner(owner):
         raise InvalidCommand(command.resource, "owner must be 1-200 characters of [A-Za-z0-9._:@-]")

@@ -9,14 +9,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-RESOURCE_PATTERN = r"^[A-Za-z0-9._:\-]{1,200}$"
+# At least one character that is not a dot: "." and ".." are path segments every HTTP client rewrites
+# (RFC 3986 dot-segments), so such a resource could never be addressed. Length is checked separately
+# (1-200), since a length bound on this pattern would need lookahead, which pydantic's engine lacks.
+RESOURCE_PATTERN = r"^[A-Za-z0-9._:\-]*[A-Za-z0-9_:\-][A-Za-z0-9._:\-]*$"
+RESOURCE_MAX_LENGTH = 200
 OWNER_PATTERN = r"^[A-Za-z0-9._:@\-]{1,200}$"
 _RESOURCE_RE = re.compile(RESOURCE_PATTERN)
 _OWNER_RE = re.compile(OWNER_PATTERN)
 
 
 def is_valid_resource(resource: str) -> bool:
-    return bool(_RESOURCE_RE.fullmatch(resource))
+    return len(resource) <= RESOURCE_MAX_LENGTH and bool(_RESOURCE_RE.fullmatch(resource))
 
 
 def is_valid_owner(owner: str) -> bool:

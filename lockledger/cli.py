@@ -63,7 +63,14 @@ def _run_uvicorn(target: Any, **options: Any) -> None:
     import uvicorn
 
     uvicorn.run(
-        target, access_log=False, proxy_headers=False, server_header=False, date_header=False, **options
+        target,
+        # httptools keeps an unfinished request head in memory without bound; this one answers 431.
+        http="api.limits:HeaderCappedHttpToolsProtocol",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        **options,
     )
 
 

@@ -53,6 +53,19 @@ class Settings(BaseSettings):
     reaper_batch_size: int = 1_000
     idempotency_purge_batch: int = 5_000
 
+    max_body_bytes: int = Field(
+        default=16_384,
+        ge=1,
+        description="Largest request body accepted (a 1000-character force-release reason, JSON-escaped,"
+        " fits); larger is 413 `payload_too_large`.",
+    )
+    max_header_bytes: int = Field(
+        default=8_192,
+        ge=1,
+        description="Largest request header section (names, values, 4 bytes of framing per line);"
+        " larger is 431 `headers_too_large`.",
+    )
+
     @property
     def ttl_bounds(self) -> TtlBounds:
         return TtlBounds(min_ms=self.ttl_min_ms, max_ms=self.ttl_max_ms, default_ms=self.ttl_default_ms)

@@ -1,0 +1,184 @@
+"""Request size limits, enforced before any routing, parsing or database work.
+
+A hostile or broken client must not make the server buffer megabytes of body or header: both are refused
+with a problem+json answer (413 ``payload_too_large``, 431 ``headers_too_large``) like every other error.
+
+This is a pure ASGI middleware, not ``BaseHTTPMiddleware`` (which runs every request through an extra task
+and memory stream, a cost on the hot path; docs/performance.md), and not Starlette's
+``RequestBodyLimitMiddleware`` (it answers text/plain, builds a responder object per request and does not
+look at headers). The common case costs one pass over the header list: a request that declares its
+``Content-Length`` needs no counting, since the HTTP server never delivers more body than declared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from api.problems import problem
+from service.config import Settings
+
+# Each header line also carries ": " and CRLF on the wire; count them so the limit means wire bytes.
+_LINE_OVERHEAD = 4
+
+
+class PayloadTooLarge(HTTPException):
+    """Raised from ``receive`` once a streamed body passes the limit. An ``HTTPException`` so that
+    FastAPI's body reader re-raises it as it is instead of turning it into a 400."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, _too_large_detail(limit))
+
+
+class RequestLimits:
+    """Refuse request bodies over ``max_body_bytes`` (413) and header sections over ``max_header_bytes``
+    (431)."""
+
+    __slots__ = ("app", "max_body_bytes", "max_header_bytes")
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_header_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header_bytes = 0
+        content_length: bytes | None = None
+        for name, value in scope["headers"]:
+            header_bytes += len(name) + len(value) + _LINE_OVERHEAD
+            if name == b"content-length":
+                content_length = value
+        if header_bytes > self.max_header_bytes:
+            detail = f"the request headers take {header_bytes} bytes, more than {self.max_header_bytes}"
+            await problem(431, "headers_too_large", detail, instance=scope["path"])(scope, receive, send)
+            return
+        if content_length is None or not content_length.isdigit():
+            # Chunked, or no body at all (a malformed Content-Length never gets here: the server refuses it).
+            await self.app(scope, _counted(receive, self.max_body_bytes), send)
+            return
+        if int(content_length) > self.max_body_bytes:
+            # Answered before reading any of it; the server discards the rest and keeps the connection.
+            detail = _too_large_detail(self.max_body_bytes)
+            await problem(413, "payload_too_large", detail, instance=scope["path"])(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _counted(receive: Receive, limit: int) -> Receive:
+    received = 0
+
+    async def counted_receive() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise PayloadTooLarge(limit)
+        return message
+
+    return counted_receive
+
+
+def _too_large_detail(limit: int) -> str:
+    return f"the request body is larger than {limit} bytes"
+
+
+async def _payload_too_large(request: Request, error: Exception) -> Response:
+    assert isinstance(error, PayloadTooLarge)
+    return problem(413, "payload_too_large", error.detail, instance=request.url.path)
+
+
+class HeaderCappedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, closing a connection whose request head grows past a cap unfinished.
+
+    httptools has no header limit of its own: a request head is held in memory until it ends, so
+    ``RequestLimits`` only sees (and refuses) it afterwards. Measured here, one 200 MB header took
+    490 MB of RSS and 42 s of CPU before its 431. This cap is the memory guard in front: it counts the
+    reads that leave a head unfinished (never the read it began in, so no byte of another request
+    counts), answers 431 once they pass uvicorn's ``h11_max_incomplete_event_size`` (the same bound for
+    its h11 protocol; 64 KiB if unset) and closes. The exact, configurable limit stays with
+    ``RequestLimits``. Select it with ``uvicorn.run(..., http="api.limits:HeaderCappedHttpToolsProtocol")``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_cap = self.config.h11_max_incomplete_event_size or 64 * 1024
+        self._head_open = False  # a request has begun and its headers have not ended
+        self._head_began_in_read = False
+        self._head_bytes = 0
+
+    def on_message_begin(self) -> None:
+        self._head_open = self._head_began_in_read = True
+        self._head_bytes = 0
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._head_open = False
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        self._head_began_in_read = False
+        super().data_received(data)
+        if not self._head_open or self._head_began_in_read or self.transport.is_closing():
+            return
+        self._head_bytes += len(data)  # all of this read belongs to the unfinished head
+        if self._head_bytes > self._head_cap:
+            if self.cycle is None or self.cycle.response_complete:  # never inside another response
+                detail = f"the request headers take more than {self._head_cap} bytes"
+                answer = problem(431, "headers_too_large", detail)
+                self.transport.write(
+                    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/problem+json"
+                    b"\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(answer.body), answer.body)
+                )
+            self.transport.close()
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_TTL_REQUESTS = ("AcquireRequest", "RenewRequest")
+
+
+def document_limits(schema: dict[str, Any], settings: Settings) -> None:
+    """Make the OpenAPI state the bounds exactly as the server enforces them, so that a client (or
+    schemathesis) keeping to the document is never refused:
+
+    - ``ttl_ms`` in the command bodies gets the configured TTL bounds (settings, which the models cannot
+      know); not in responses, whose leases may have been granted under other bounds;
+    - numeric bounds become exact integers again: FastAPI's OpenAPI model holds them as floats, and
+      ``2**62`` printed as ``4.611686018427388e+18`` reads back as 4611686018427388000, above the bound.
+    """
+    _exact_bounds(schema)
+    bodies = schema["components"]["schemas"]
+    for name in _TTL_REQUESTS:
+        ttl = bodies[name]["properties"]["ttl_ms"]
+        for branch in ttl.get("anyOf", [ttl]):
+            if branch.get("type") == "integer":
+                branch.update(minimum=settings.ttl_min_ms, maximum=settings.ttl_max_ms)
+
+
+def _exact_bounds(node: Any) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _exact_bounds(item)
+    elif isinstance(node, dict):
+        for key in _BOUNDS:
+            value = node.get(key)
+            if isinstance(value, float) and value.is_integer():
+                node[key] = int(value)
+        for child in node.values():
+            _exact_bounds(child)
+
+
+def install_limits(app: FastAPI, settings: Settings) -> None:
+    """Mount the middleware with the configured limits, and the handler for a streamed body's 413."""
+    app.add_middleware(
+        RequestLimits, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
+    )
+    app.add_exception_handler(PayloadTooLarge, _payload_too_large)
