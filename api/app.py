@@ -14,6 +14,7 @@ from api.limits import install_limits
 from service.authenticator import Authenticator
 from service.config import Settings
 from service.database import create_pool
+from service.database_guard import DatabaseGuard
 from service.lock_service import LockService
 from service.reaper import Reaper
 
@@ -48,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             conflict_retries=settings.conflict_retries,
             acquire_timeout_s=settings.pool_acquire_timeout_s,
             coalesce=settings.coalesce,
+            guard=DatabaseGuard(stall_s=settings.command_timeout_s),
         )
         app.state.authenticator = (
             None

@@ -30,6 +30,7 @@ UNREACHABLE = (
     asyncpg.QueryCanceledError,
     asyncpg.CannotConnectNowError,
     asyncpg.TooManyConnectionsError,
+    asyncpg.InternalClientError,  # a connection left mid-operation by a cut-off round trip
 )
 
 
@@ -39,7 +40,16 @@ def is_unreachable(error: BaseException) -> bool:
 
 
 class DatabaseGuard:
-    def __init__(self, config: BreakerConfig | None = None) -> None:
+    """The breaker, plus a stall watchdog: a round trip still outstanding ``stall_s`` after it began (the
+    command timeout, by which it should have been cancelled) means the server does not even answer the
+    cancel, as when it is frozen. The breaker would notice only once such calls give up (asyncpg then
+    waits for the cancel too, so twice the timeout) and fill its window; meanwhile every new request would
+    queue behind them. So while a call has stalled, new ones fail at once with 503."""
+
+    def __init__(self, config: BreakerConfig | None = None, *, stall_s: float | None = None) -> None:
+        self._stall_s = stall_s
+        self._in_flight: dict[int, float] = {}  # call number -> start; insertion order, so oldest first
+        self._calls = 0
         self.breaker = CircuitBreaker(
             config
             or BreakerConfig(
@@ -53,13 +63,24 @@ class DatabaseGuard:
             name="database",
         )
 
+    def stalled_for(self) -> float:
+        """How long the oldest outstanding round trip has run past ``stall_s`` (0 when none has)."""
+        if self._stall_s is None or not self._in_flight:
+            return 0.0
+        return max(0.0, time.monotonic() - next(iter(self._in_flight.values())) - self._stall_s)
+
     async def run(self, work: Callable[[], Awaitable[T]]) -> T:
+        if self.stalled_for() > 0:
+            raise Unavailable("the database has stopped answering; retry shortly", 1)
         try:
             self.breaker.acquire_permission()
         except CircuitOpen as error:
             retry_after = math.ceil(error.retry_after_s) if error.retry_after_s else 1
             raise Unavailable("the database is not answering; retry shortly", max(retry_after, 1)) from error
         started = time.monotonic()
+        self._calls += 1
+        call = self._calls
+        self._in_flight[call] = started
         try:
             result = await work()
         except BaseException as error:
@@ -70,5 +91,7 @@ class DatabaseGuard:
             else:
                 self.breaker.release_permission()
             raise
+        finally:
+            del self._in_flight[call]
         self.breaker.on_success(time.monotonic() - started)
         return result

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
 from domain.decider import decide, fold
@@ -90,30 +93,41 @@ class LockService:
             retry_alone=_about_the_batch,
         )
 
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[PoolConnectionProxy[asyncpg.Record]]:
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            try:
+                yield conn
+            except asyncpg.InternalClientError:
+                # An operation cut off mid-way (a timeout while the server restarted) can leave the
+                # connection's protocol in a state no later statement gets out of: never reuse it.
+                conn.terminate()
+                raise
+
     async def _load_one(self, request: _LoadRequest) -> Snapshot:
         async def work() -> Snapshot:
-            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            async with self._connection() as conn:
                 return await lock_store.load(conn, *request)
 
         return await self.guard.run(work)
 
     async def _load_many(self, requests: list[_LoadRequest]) -> list[Snapshot]:
         async def work() -> list[Snapshot]:
-            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            async with self._connection() as conn:
                 return await lock_store.load_many(conn, requests)
 
         return await self.guard.run(work)
 
     async def _commit_one(self, plan: AppendPlan) -> Committed | None:
         async def work() -> Committed | None:
-            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            async with self._connection() as conn:
                 return await lock_store.commit(conn, plan)
 
         return await self.guard.run(work)
 
     async def _commit_many(self, plans: list[AppendPlan]) -> list[Committed | None]:
         async def work() -> list[Committed | None]:
-            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            async with self._connection() as conn:
                 return await lock_store.commit_many(conn, plans)
 
         return await self.guard.run(work)
@@ -124,6 +138,10 @@ class LockService:
         request_fingerprint = fingerprint(name, command.resource, fields)
         idempotency = Idempotency(ctx.principal, ctx.idempotency_key, request_fingerprint)
         for _ in range(self._retries + 1):
+            # Checked here too, not only around each round trip: while the database is stalled, the
+            # coalescers' batches are stuck and a new request would queue behind them, not reach the guard.
+            if self.guard.stalled_for() > 0:
+                raise Unavailable("the database has stopped answering; retry shortly", retry_after_s=1)
             snapshot = await self._loads.submit((command.resource, ctx.principal, ctx.idempotency_key))
             if snapshot.stored is not None:
                 stored = replay(snapshot.stored, request_fingerprint)
