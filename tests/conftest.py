@@ -9,6 +9,7 @@ truncation: use the ``resource`` fixture or ``unique_prefix``.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -63,13 +64,15 @@ def test_database() -> Iterator[TestDatabase]:
         return
     from lockledger.embedded import start
 
-    server = start(Path(tempfile.mkdtemp(prefix="lockledger-test-")) / "pgdata", delete_on_stop=True)
+    scratch = Path(tempfile.mkdtemp(prefix="lockledger-test-"))
+    server = start(scratch / "pgdata", delete_on_stop=True)
     try:
         url = server.ensure_database(name)
         upgrade(url)
         yield TestDatabase(url, server.pid)
     finally:
         server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _run_admin(url: str, sql: str) -> None:
