@@ -43,6 +43,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = await create_pool(settings)
         app.state.pool = pool
+        # Queries and history read through the read-only role, on a replica when one is configured.
+        app.state.read_pool = await create_pool(
+            settings,
+            role=settings.read_database_role,
+            url=settings.read_database_url,
+            max_size=settings.read_pool_max_size,
+        )
         app.state.lock_service = LockService(
             pool,
             settings.ttl_bounds,
@@ -74,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if reaper is not None and reaper_task is not None:
                 reaper.stop()
                 await reaper_task
+            await app.state.read_pool.close()
             await pool.close()
 
     app = FastAPI(title="lockledger", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)

@@ -29,7 +29,7 @@ async def list_locks(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> LockList:
     """Live leases, by resource. Filter by holder, resource prefix, or deadline within the next N ms."""
-    async with request.app.state.pool.acquire() as conn:
+    async with request.app.state.read_pool.acquire() as conn:
         page = await queries.list_locks(
             conn,
             holder=holder,
@@ -48,7 +48,7 @@ async def list_locks(
     dependencies=ReadState,
 )
 async def get_lock(resource: ResourcePath, request: Request) -> LockInfo:
-    async with request.app.state.pool.acquire() as conn:
+    async with request.app.state.read_pool.acquire() as conn:
         view = await queries.get_lock(conn, resource)
     if view is None:
         raise HTTPException(404, f"{resource} has never been locked")
@@ -67,7 +67,7 @@ async def history(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> History:
     """The resource's events in order; page with `after_version`."""
-    async with request.app.state.pool.acquire() as conn:
+    async with request.app.state.read_pool.acquire() as conn:
         entries = await queries.history(conn, resource, after_version=after_version, limit=limit)
     items = [HistoryEvent(**e.as_json()) for e in entries]
     next_after = items[-1].version if len(items) == limit else None

@@ -18,6 +18,16 @@ class Settings(BaseSettings):
         default="lockledger_service",
         description="Role the service switches to on connect (INSERT+SELECT on events); empty to stay as is.",
     )
+    read_database_url: str | None = Field(
+        default=None,
+        description="Where the query and history endpoints read, e.g. a streaming replica; the main"
+        " database when unset. Replicas lag: a lock just taken may not show there yet.",
+    )
+    read_database_role: str = Field(
+        default="lockledger_readonly",
+        description="Role the query pool switches to (SELECT on events and lock_state only).",
+    )
+    read_pool_max_size: int = 4
     pool_min_size: int = 2
     pool_max_size: int = 16
     pool_acquire_timeout_s: float = Field(default=2.0, description="Wait for a free connection, then 503.")

@@ -21,13 +21,17 @@ async def _reset(conn: Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
-async def create_pool(settings: Settings, *, role: str | None = None) -> asyncpg.Pool:
-    """A pool whose sessions run as the service role with UTC timestamps in JSON.
+async def create_pool(
+    settings: Settings, *, role: str | None = None, url: str | None = None, max_size: int | None = None
+) -> asyncpg.Pool:
+    """A pool whose sessions run as the service role (or ``role``) with UTC timestamps in JSON, on the
+    main database (or ``url``, e.g. a replica for the read-only role).
 
     The role and time zone are startup parameters, so they survive the ``RESET ALL`` that asyncpg issues
     when a connection returns to the pool.
     """
-    if not settings.database_url:
+    url = url or settings.database_url
+    if not url:
         raise ValueError("settings.database_url is not set")
     server_settings = {
         "timezone": "UTC",
@@ -38,9 +42,9 @@ async def create_pool(settings: Settings, *, role: str | None = None) -> asyncpg
     if chosen_role:
         server_settings["role"] = chosen_role
     pool = await asyncpg.create_pool(
-        asyncpg_dsn(settings.database_url),
-        min_size=settings.pool_min_size,
-        max_size=settings.pool_max_size,
+        asyncpg_dsn(url),
+        min_size=min(settings.pool_min_size, max_size or settings.pool_max_size),
+        max_size=max_size or settings.pool_max_size,
         command_timeout=settings.command_timeout_s,
         server_settings=server_settings,
         reset=_reset,
