@@ -6,6 +6,7 @@ and if given must be the principal's name (403 otherwise). In dev mode the body 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -62,6 +63,8 @@ def lease_owner(claimed: str | None, caller: Principal) -> str:
 
 
 async def _run(service: LockService, command: Command, ctx: CommandContext, caller: Principal) -> Response:
+    # Idempotency-Keys are scoped to the principal: one agent's key never replays another's response.
+    ctx = replace(ctx, principal=caller.name)
     try:
         result = await service.execute(command, ctx)
     except NotOwner as error:

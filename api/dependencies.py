@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, Path, Request
+from fastapi import Header, Path, Request
 
-from api.auth import current_principal
-from domain.access import Principal
 from domain.resource import RESOURCE_PATTERN
 from service.idempotency import MAX_KEY_LENGTH
 from service.lock_service import CommandContext, LockService
@@ -24,7 +22,6 @@ ResourcePath = Annotated[
 
 
 async def command_context(
-    principal: Annotated[Principal, Depends(current_principal)],
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -37,9 +34,8 @@ async def command_context(
     correlation_id: Annotated[str | None, Header(alias="X-Correlation-ID", max_length=200)] = None,
     causation_id: Annotated[str | None, Header(alias="X-Causation-ID", max_length=200)] = None,
 ) -> CommandContext:
-    # Idempotency-Keys are scoped to the principal: one agent's key never replays another's response.
+    # The principal is the caller's (api/commands.py fills it in); keys are scoped to it.
     return CommandContext(
-        principal=principal.name,
         idempotency_key=idempotency_key,
         correlation_id=correlation_id,
         causation_id=causation_id,

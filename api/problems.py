@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from api.auth import document_security
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
 from service.database_guard import UNREACHABLE
 from service.errors import Conflict, Forbidden, IdempotencyKeyReused, ServiceError, Unauthorized, Unavailable
@@ -180,6 +181,7 @@ def document(app: FastAPI) -> None:
         schema = get_openapi(
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
+        document_security(schema)
         problem_schema = {
             "type": "object",
             "required": ["type", "title", "status", "code", "detail"],

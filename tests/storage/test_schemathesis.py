@@ -27,6 +27,7 @@ import asyncpg
 import httpx
 import pytest
 import schemathesis
+from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 from api.app import create_app
@@ -161,9 +162,10 @@ def fresh_idempotency_key(case: schemathesis.Case[Any]) -> None:
 
 def real_credentials(case: schemathesis.Case[Any], target: Target) -> None:
     """schemathesis draws an Authorization header from the security scheme (a random bearer): swap in
-    the admin token so the case reaches the operation. A negative case that leaves the header out, to
-    see the request refused, keeps it out."""
-    if case.headers and "Authorization" in case.headers:
+    the admin token so the case reaches the operation. When the headers are the negative part of the
+    case (the credential left out or malformed), they stay as drawn, to see the request refused."""
+    headers = case.meta.components.get(ParameterLocation.HEADER) if case.meta else None
+    if case.headers and "Authorization" in case.headers and (headers is None or headers.mode.is_positive):
         case.headers.update(target.headers)
 
 
