@@ -116,8 +116,9 @@ class BenchRun:
         self.notes.append(
             f"authentication on: each HTTP agent (lockledger, noop and the calibration alike) sends its own "
             f"API token (Authorization: Bearer; {len(self.tokens)} agent tokens), whose name owns its "
-            "leases; each server process caches a token's lookup (LOCKLEDGER_AUTH_CACHE_S, 10 s), so "
-            "a request costs a dict lookup and a SHA-256, and an agent a database lookup per period"
+            "leases; each server process remembers the tokens it has seen and polls for revocations "
+            "(LOCKLEDGER_AUTH_CACHE_S, 10 s), so a request costs a dict lookup and a SHA-256, and an "
+            "agent one database lookup per run"
         )
 
     def _resources(self, target: str, mode: str, server_workers: int | None) -> list[str]:
