@@ -442,7 +442,9 @@ async def test_a_command_decided_before_the_deadline_but_appended_after_it_sees_
         await asyncio.sleep((deadline - blocked_at).total_seconds() + 0.05)
     if command == "force-release":
         body = json.loads((await task).body)
-        assert body["event"] == LOCK_EXPIRED
+        # Decided at the append: the lease had lapsed, so LOCK_EXPIRED. A reaper serving another test in
+        # this database may have recorded that expiry first; then there is nothing left to end.
+        assert body.get("event") == LOCK_EXPIRED or body["released"] is False, body
     else:
         with pytest.raises(LeaseExpired):
             await task
