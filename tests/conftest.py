@@ -8,8 +8,10 @@ truncation: use the ``resource`` fixture or ``unique_prefix``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,9 +21,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
+import psutil
 import pytest
 
 from domain.access import Role
@@ -33,6 +37,7 @@ from service.database import create_pool
 from service.lock_service import LockService
 
 TEST_DATABASE_URL_ENV = "LOCKLEDGER_TEST_DATABASE_URL"
+PROBLEM_JSON = "application/problem+json"
 
 
 @dataclass
@@ -129,6 +134,35 @@ def resource(unique_prefix: str) -> str:
     return f"{unique_prefix}zone"
 
 
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """An RFC 9457 problem with the lockledger fields, and nothing that looks like a server error."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM_JSON
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status
+    assert body["code"] == code
+    assert body["type"] == f"urn:lockledger:problem:{code}"
+    assert isinstance(body["title"], str)
+    assert body["title"]
+    assert isinstance(body["detail"], str)
+    assert body["detail"]
+    return body
+
+
+@contextlib.contextmanager
+def frozen(postmaster_pid: int) -> Iterator[None]:
+    """SIGSTOP the whole cluster (postmaster and every backend); SIGCONT whatever happens."""
+    postmaster = psutil.Process(postmaster_pid)
+    processes = [postmaster, *postmaster.children(recursive=True)]
+    for process in processes:
+        process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGCONT)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -142,11 +176,18 @@ class ServerProcess:
     database_url: str
     port: int
     env_overrides: dict[str, str]
+    log_path: Path | None = None  # where its stderr goes (appended across restarts); discarded when None
     process: subprocess.Popen[bytes] | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def _failed(self, what: str) -> RuntimeError:
+        tail = ""
+        if self.log_path is not None and self.log_path.exists():
+            tail = "\n" + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
+        return RuntimeError(f"lockledger serve {what}{tail}")
 
     def start(self, timeout_s: float = 30.0) -> None:
         # Dev mode (no authentication) unless a test turns it off: most tests are about locks, not tokens.
@@ -156,23 +197,28 @@ class ServerProcess:
             "LOCKLEDGER_DEV_MODE": "true",
             **self.env_overrides,
         }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "lockledger", "serve", "--port", str(self.port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        log = self.log_path.open("ab") if self.log_path is not None else None
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "lockledger", "serve", "--port", str(self.port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log or subprocess.DEVNULL,
+            )
+        finally:
+            if log is not None:
+                log.close()  # the child has its own descriptor
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"lockledger serve exited with {self.process.returncode}")
+                raise self._failed(f"exited with {self.process.returncode}")
             try:
                 if httpx.get(f"{self.base_url}/readyz", timeout=1.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError("lockledger serve did not become ready")
+        raise self._failed("did not become ready")
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hook runs, in-flight requests die mid-way."""
@@ -181,24 +227,36 @@ class ServerProcess:
             self.process.wait(10)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_process(self.process)
 
 
-@pytest.fixture(scope="session")
-def server(database_url: str) -> Iterator[ServerProcess]:
-    """One real HTTP server with its reaper, shared by the end-to-end tests."""
-    proc = ServerProcess(database_url, free_port(), {"LOCKLEDGER_REAPER_INTERVAL_MS": "100"})
+def stop_process(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, and SIGKILL if it has not ended within 10 s."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+@contextlib.contextmanager
+def running_server(database_url: str, env_overrides: dict[str, str]) -> Iterator[ServerProcess]:
+    """A started server on a free port, stopped when the block ends, however it ends."""
+    proc = ServerProcess(database_url, free_port(), env_overrides)
     proc.start()
     try:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def server(database_url: str) -> Iterator[ServerProcess]:
+    """One real HTTP server with its reaper, shared by the end-to-end tests."""
+    with running_server(database_url, {"LOCKLEDGER_REAPER_INTERVAL_MS": "100"}) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="session")
@@ -210,12 +268,8 @@ def auth_server(database_url: str) -> Iterator[ServerProcess]:
         "LOCKLEDGER_AUTH_CACHE_S": "0.5",
         "LOCKLEDGER_REAPER_ENABLED": "false",
     }
-    proc = ServerProcess(database_url, free_port(), overrides)
-    proc.start()
-    try:
+    with running_server(database_url, overrides) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 IssueToken = Callable[[str, Role], Awaitable[str]]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import ServerProcess, free_port
 from tests.faults.postgres import PrivatePostgres
-from tests.faults.processes import FaultServer, ReaperFactory, ReaperProcess, ServerFactory
+from tests.faults.processes import ReaperFactory, ReaperProcess, ServerFactory
 
 
 @pytest.fixture(scope="package")
@@ -26,10 +26,10 @@ def private_postgres() -> Iterator[PrivatePostgres]:
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[ServerFactory]:
     """Start `lockledger serve` subprocesses (dev mode, 127.0.0.1); all are stopped at teardown."""
-    servers: list[FaultServer] = []
+    servers: list[ServerProcess] = []
 
-    def start(database_url: str, env: dict[str, str] | None = None) -> FaultServer:
-        server = FaultServer(
+    def start(database_url: str, env: dict[str, str] | None = None) -> ServerProcess:
+        server = ServerProcess(
             database_url, free_port(), dict(env or {}), log_path=tmp_path / f"serve-{len(servers)}.log"
         )
         servers.append(server)
@@ -38,7 +38,7 @@ def start_server(tmp_path: Path) -> Iterator[ServerFactory]:
 
     yield start
     for server in servers:
-        server.close()
+        server.stop()
 
 
 @pytest.fixture

@@ -14,11 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +23,7 @@ import psutil
 
 from lockledger.embedded import EmbeddedPostgres, start
 from lockledger.migrate import upgrade
+from tests.conftest import frozen
 
 DATABASE = "lockledger_faults"
 
@@ -76,18 +74,9 @@ class PrivatePostgres:
         )  # fmt: skip
         self.restarts += 1
 
-    @contextmanager
-    def frozen(self) -> Iterator[None]:
+    def frozen(self) -> contextlib.AbstractContextManager[None]:
         """SIGSTOP the postmaster and every backend; SIGCONT them whatever happens."""
-        postmaster = psutil.Process(self.pid)
-        processes = [postmaster, *postmaster.children(recursive=True)]
-        for process in processes:
-            process.send_signal(signal.SIGSTOP)
-        try:
-            yield
-        finally:
-            for process in processes:
-                process.send_signal(signal.SIGCONT)
+        return frozen(self.pid)
 
     def close(self) -> None:
         if (self.data_dir / "postmaster.pid").exists():

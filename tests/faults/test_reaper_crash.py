@@ -19,6 +19,7 @@ from domain.events import LOCK_EXPIRED
 from lockledger.dburl import asyncpg_dsn
 from tests.faults.history import Audit, EventRecord, History
 from tests.faults.load import MIN_ACKED, Load, LoadProfile
+from tests.faults.postgres import PrivatePostgres
 from tests.faults.processes import ReaperFactory, ServerFactory
 from tests.faults.report import conclude
 
@@ -60,8 +61,14 @@ def _expiries(audit: Audit) -> dict[str, Any]:
 
 
 async def test_reaper_sigkill_and_restart(
-    database_url: str, unique_prefix: str, start_server: ServerFactory, start_reaper: ReaperFactory
+    private_postgres: PrivatePostgres,
+    unique_prefix: str,
+    start_server: ServerFactory,
+    start_reaper: ReaperFactory,
 ) -> None:
+    # The private database: on the shared one, a session server's own reaper (the `server` fixture's) could
+    # expire these leases too, and every expiry here must be the standalone reaper's.
+    database_url = private_postgres.url
     started = time.monotonic()
     history = History()
     server, reaper = await asyncio.gather(

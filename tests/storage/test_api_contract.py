@@ -10,30 +10,19 @@ import asyncio
 import json
 import time
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import httpx
 import pytest
 
+if TYPE_CHECKING:
+    from tests.conftest import assert_problem
+else:
+    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
+    from conftest import assert_problem
+
 pytestmark = pytest.mark.storage
-
-PROBLEM_JSON = "application/problem+json"
-
-
-def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    """An RFC 9457 problem with the lockledger fields, and nothing that looks like a server error."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == PROBLEM_JSON
-    body: dict[str, Any] = response.json()
-    assert body["status"] == status
-    assert body["code"] == code
-    assert body["type"] == f"urn:lockledger:problem:{code}"
-    assert isinstance(body["title"], str)
-    assert body["title"]
-    assert isinstance(body["detail"], str)
-    assert body["detail"]
-    return body
 
 
 def ts(value: str) -> datetime:

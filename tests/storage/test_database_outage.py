@@ -8,34 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import httpx
-import psutil
 import pytest
 
 from lockledger import AsyncClient, BreakerConfig, CircuitBreaker, CircuitOpen, State, Unavailable
-from tests.conftest import ServerProcess, TestDatabase, free_port
+from tests.conftest import ServerProcess, TestDatabase, free_port, frozen
 
 pytestmark = pytest.mark.storage
-
-
-@contextmanager
-def frozen(postmaster_pid: int) -> Iterator[None]:
-    """SIGSTOP the whole cluster (postmaster and every backend); SIGCONT whatever happens."""
-    postmaster = psutil.Process(postmaster_pid)
-    processes = [postmaster, *postmaster.children(recursive=True)]
-    for process in processes:
-        process.send_signal(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for process in processes:
-            process.send_signal(signal.SIGCONT)
 
 
 async def test_frozen_database_fails_fast_and_recovers(

@@ -24,28 +24,15 @@ from api.limits import HeaderCappedHttpToolsProtocol
 from service.config import Settings
 
 if TYPE_CHECKING:
-    from tests.conftest import ServerProcess, free_port
+    from tests.conftest import PROBLEM_JSON, ServerProcess, assert_problem, free_port, running_server
 else:
     # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
-    from conftest import ServerProcess, free_port
+    from conftest import PROBLEM_JSON, ServerProcess, assert_problem, free_port, running_server
 
 pytestmark = pytest.mark.storage
 
-PROBLEM_JSON = "application/problem+json"
 MAX_BODY = 16_384  # service/config.py defaults, which the shared `server` runs with
 MAX_HEADERS = 8_192
-
-
-def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == PROBLEM_JSON
-    body: dict[str, Any] = response.json()
-    assert body["status"] == status
-    assert body["code"] == code
-    assert body["type"] == f"urn:lockledger:problem:{code}"
-    assert body["title"]
-    assert body["detail"]
-    return body
 
 
 def field_named(problem: dict[str, Any], *loc: str) -> bool:
@@ -242,12 +229,8 @@ def small_limits_server(database_url: str) -> Iterator[ServerProcess]:
         "LOCKLEDGER_MAX_HEADER_BYTES": "1024",
         "LOCKLEDGER_REAPER_ENABLED": "false",
     }
-    proc = ServerProcess(database_url, free_port(), overrides)
-    proc.start()
-    try:
+    with running_server(database_url, overrides) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture
