@@ -44,6 +44,7 @@ class IssuedToken(BaseModel):
 
 
 class TokenEntry(BaseModel):
+    model_config = ConfigDict(from_attributes=True)  # read straight from service.tokens.TokenInfo
     id: int
     name: str
     role: Role
@@ -78,12 +79,7 @@ async def list_tokens(
     """Every token's name, role and dates; never a token itself."""
     async with request.app.state.pool.acquire() as conn:
         rows = await tokens.list_all(conn, include_revoked=include_revoked)
-    return TokenList(
-        items=[
-            TokenEntry(id=t.id, name=t.name, role=t.role, created_at=t.created_at, revoked_at=t.revoked_at)
-            for t in rows
-        ]
-    )
+    return TokenList(items=[TokenEntry.model_validate(t) for t in rows])
 
 
 @router.delete("/{name}", response_model=Revoked, responses={404: {"description": "no live token"}})

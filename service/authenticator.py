@@ -20,6 +20,7 @@ import structlog
 
 from domain.access import Principal
 from service import tokens
+from service.database import connection
 from service.database_guard import DatabaseGuard
 
 log = structlog.get_logger("lockledger.auth")
@@ -72,7 +73,7 @@ class Authenticator:
             return None
 
         async def lookup() -> Principal | None:
-            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            async with connection(self._pool, self._acquire_timeout_s) as conn:
                 return await tokens.find(conn, token)
 
         principal = await self._guard.run(lookup)
@@ -103,7 +104,7 @@ class Authenticator:
 
     async def _fetch_revocations(self) -> None:
         async def fetch() -> tuple[datetime, list[bytes]]:
-            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            async with connection(self._pool, self._acquire_timeout_s) as conn:
                 return await tokens.revoked_since(conn, self._revoked_since)
 
         db_now, revoked = await self._guard.run(fetch)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from eventstore.connection import Connection
 from lockledger.dburl import asyncpg_dsn
@@ -51,3 +55,18 @@ async def create_pool(
     )
     assert pool is not None
     return pool
+
+
+@contextlib.asynccontextmanager
+async def connection(
+    pool: asyncpg.Pool, timeout_s: float
+) -> AsyncIterator[PoolConnectionProxy[asyncpg.Record]]:
+    """A pooled connection (waiting at most ``timeout_s`` for one) that is closed, never reused, when an
+    operation on it was cut off mid-way: a timeout while the server restarted can leave its protocol in
+    a state no later statement gets out of (asyncpg's ``InternalClientError``)."""
+    async with pool.acquire(timeout=timeout_s) as conn:
+        try:
+            yield conn
+        except asyncpg.InternalClientError:
+            conn.terminate()
+            raise

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
 from domain.decider import decide, fold
@@ -17,6 +14,7 @@ from domain.events import Event, LockForceReleased
 from domain.resource import TtlBounds
 from service import lock_store
 from service.coalescer import Coalescer
+from service.database import connection
 from service.database_guard import DatabaseGuard, is_unreachable
 from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
@@ -93,41 +91,30 @@ class LockService:
             retry_alone=_about_the_batch,
         )
 
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[PoolConnectionProxy[asyncpg.Record]]:
-        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-            try:
-                yield conn
-            except asyncpg.InternalClientError:
-                # An operation cut off mid-way (a timeout while the server restarted) can leave the
-                # connection's protocol in a state no later statement gets out of: never reuse it.
-                conn.terminate()
-                raise
-
     async def _load_one(self, request: _LoadRequest) -> Snapshot:
         async def work() -> Snapshot:
-            async with self._connection() as conn:
+            async with connection(self._pool, self._acquire_timeout_s) as conn:
                 return await lock_store.load(conn, *request)
 
         return await self.guard.run(work)
 
     async def _load_many(self, requests: list[_LoadRequest]) -> list[Snapshot]:
         async def work() -> list[Snapshot]:
-            async with self._connection() as conn:
+            async with connection(self._pool, self._acquire_timeout_s) as conn:
                 return await lock_store.load_many(conn, requests)
 
         return await self.guard.run(work)
 
     async def _commit_one(self, plan: AppendPlan) -> Committed | None:
         async def work() -> Committed | None:
-            async with self._connection() as conn:
+            async with connection(self._pool, self._acquire_timeout_s) as conn:
                 return await lock_store.commit(conn, plan)
 
         return await self.guard.run(work)
 
     async def _commit_many(self, plans: list[AppendPlan]) -> list[Committed | None]:
         async def work() -> list[Committed | None]:
-            async with self._connection() as conn:
+            async with connection(self._pool, self._acquire_timeout_s) as conn:
                 return await lock_store.commit_many(conn, plans)
 
         return await self.guard.run(work)

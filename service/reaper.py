@@ -22,6 +22,7 @@ from prometheus_client import Counter, Histogram
 
 from eventstore.connection import Connection
 from service.config import Settings
+from service.database import connection
 from service.idempotency import purge_expired
 
 log = structlog.get_logger("lockledger.reaper")
@@ -120,7 +121,7 @@ class Reaper:
         log.info("reaper stopped", reaper_id=self.reaper_id, expired=self.expired_count)
 
     async def run_once(self) -> int:
-        async with self._pool.acquire(timeout=self._settings.pool_acquire_timeout_s) as conn:
+        async with connection(self._pool, self._settings.pool_acquire_timeout_s) as conn:
             expiries = await expire_due(conn, self._settings.reaper_batch_size, self.reaper_id)
             if expiries:
                 self.expired_count += len(expiries)

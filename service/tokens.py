@@ -48,25 +48,10 @@ async def create(conn: Connection, name: str, role: Role) -> str:
     A name keeps one role: a second token for the same name (for rotation) must have the same role, so
     a lease owner never changes its powers by switching tokens.
     """
-    if not is_valid_owner(name):
-        raise TokenError("name must be 1-200 characters of [A-Za-z0-9._:@-] (it becomes the lease owner)")
     async with conn.transaction():
         # One creator at a time per name, so two concurrent creates cannot give a name two roles.
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('lockledger.api_tokens:' || $1))", name)
-        other = await conn.fetchval(
-            "SELECT role FROM api_tokens WHERE name = $1 AND revoked_at IS NULL AND role <> $2 LIMIT 1",
-            name,
-            role.value,
-        )
-        if other is not None:
-            raise TokenError(f"{name} already has live tokens with role {other}; revoke them first")
-        token = PREFIX + secrets.token_urlsafe(32)
-        await conn.execute(
-            "INSERT INTO api_tokens (name, role, token_hash) VALUES ($1, $2, $3)",
-            name,
-            role.value,
-            digest(token),
-        )
+        (token,) = await create_many(conn, [name], role)
     return token
 
 

@@ -45,14 +45,18 @@ REFUSED_FOR_READONLY = [
 ]
 
 
+async def assert_refused(pool: asyncpg.Pool, statement: str) -> None:
+    async with pool.acquire() as conn:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            async with conn.transaction():
+                await conn.execute(statement)
+
+
 @pytest.mark.parametrize("statement", REFUSED_FOR_SERVICE)
 async def test_the_service_role_cannot_rewrite_history_or_the_schema(
     service_pool: asyncpg.Pool, statement: str
 ) -> None:
-    async with service_pool.acquire() as conn:
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            async with conn.transaction():
-                await conn.execute(statement)
+    await assert_refused(service_pool, statement)
 
 
 async def test_the_service_role_can_do_its_work(service_pool: asyncpg.Pool) -> None:
@@ -74,10 +78,7 @@ async def readonly_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
 async def test_the_readonly_role_only_reads_the_log_and_the_projection(
     readonly_pool: asyncpg.Pool, statement: str
 ) -> None:
-    async with readonly_pool.acquire() as conn:
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            async with conn.transaction():
-                await conn.execute(statement)
+    await assert_refused(readonly_pool, statement)
 
 
 async def test_the_readonly_role_serves_queries_and_replay(readonly_pool: asyncpg.Pool) -> None:
