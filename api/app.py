@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             conflict_retries=settings.conflict_retries,
             acquire_timeout_s=settings.pool_acquire_timeout_s,
             coalesce=settings.coalesce,
+            state_cache_size=settings.state_cache_size,
             guard=DatabaseGuard(stall_s=settings.command_timeout_s),
         )
         app.state.authenticator = (

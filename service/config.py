@@ -38,6 +38,13 @@ class Settings(BaseSettings):
     ttl_max_ms: int = 3_600_000
     ttl_default_ms: int = 30_000
     coalesce: bool = Field(default=True, description="Batch concurrent commands' reads and commits.")
+    state_cache_size: int = Field(
+        default=100_000,
+        ge=0,
+        description="Locks whose last state each process remembers, so that a renew or release of a lease"
+        " it granted (or an acquire of a lock it saw free) appends without reading first; 0 reads first"
+        " every time.",
+    )
     conflict_retries: int = Field(
         default=16, description="Re-decisions after losing an expected-version race."
     )

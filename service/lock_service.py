@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
 from domain.decider import decide, fold
+from domain.errors import DomainError
 from domain.events import Event, LockForceReleased
 from domain.resource import TtlBounds
+from domain.state import LockState, initial_state
 from service import lock_store
 from service.coalescer import Coalescer
 from service.database import connection
@@ -19,6 +22,7 @@ from service.database_guard import DatabaseGuard, is_unreachable
 from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
 from service.lock_store import AppendPlan, Committed, Idempotency, Snapshot
+from service.state_cache import NewStreamGuess, StateCache
 
 _LoadRequest = tuple[str, str, str | None]  # resource, principal, Idempotency-Key
 
@@ -65,6 +69,7 @@ class LockService:
         conflict_retries: int = 16,
         acquire_timeout_s: float = 5.0,
         coalesce: bool = True,
+        state_cache_size: int = 100_000,
         guard: DatabaseGuard | None = None,
     ) -> None:
         self._pool = pool
@@ -72,6 +77,10 @@ class LockService:
         self._retries = conflict_retries
         self._acquire_timeout_s = acquire_timeout_s
         self.guard = guard or DatabaseGuard()
+        # A size of 0 turns off deciding on remembered states (every command reads first).
+        self._remembers = state_cache_size > 0
+        self._states = StateCache(state_cache_size)
+        self._new_streams = NewStreamGuess()
         # Batches of one make a coalescer a plain pass-through (for measuring what coalescing gains).
         batch = 256 if coalesce else 1
         in_flight = 4 if coalesce else pool.get_max_size()
@@ -90,6 +99,11 @@ class LockService:
             keys=_plan_keys,
             retry_alone=_about_the_batch,
         )
+
+    @property
+    def reads(self) -> int:
+        """Commands that read their lock's state before deciding (the others decided on a remembered one)."""
+        return self._loads.requests
 
     async def _load_one(self, request: _LoadRequest) -> Snapshot:
         async def work() -> Snapshot:
@@ -121,46 +135,116 @@ class LockService:
 
     async def execute(self, command: Command, ctx: CommandContext) -> CommandResult:
         """Run ``command`` to a decision that is committed, rejected (DomainError) or replayed."""
+        # Checked here too, not only around each round trip: while the database is stalled, the
+        # coalescers' batches are stuck and a new request would queue behind them, not reach the guard.
+        if self.guard.stalled_for() > 0:
+            raise Unavailable("the database has stopped answering; retry shortly", retry_after_s=1)
         name, fields = _describe(command)
-        request_fingerprint = fingerprint(name, command.resource, fields)
-        idempotency = Idempotency(ctx.principal, ctx.idempotency_key, request_fingerprint)
+        idempotency = Idempotency(
+            ctx.principal, ctx.idempotency_key, fingerprint(name, command.resource, fields)
+        )
+        metadata = _metadata(name, ctx)
+        result = await self._execute_unread(command, idempotency, metadata)
+        if result is not None:
+            return result
         for _ in range(self._retries + 1):
-            # Checked here too, not only around each round trip: while the database is stalled, the
-            # coalescers' batches are stuck and a new request would queue behind them, not reach the guard.
             if self.guard.stalled_for() > 0:
                 raise Unavailable("the database has stopped answering; retry shortly", retry_after_s=1)
             snapshot = await self._loads.submit((command.resource, ctx.principal, ctx.idempotency_key))
+            self._states.put(snapshot.state)
             if snapshot.stored is not None:
-                stored = replay(snapshot.stored, request_fingerprint)
+                stored = replay(snapshot.stored, idempotency.fingerprint)
                 return CommandResult(stored.status_code, stored.body, replayed=True)
             events = decide(snapshot.state, command, snapshot.db_now, self._bounds)
-            status_code, response = _response(command, events)
-            if not events:
+            plan = _plan(command, snapshot.state, events, metadata, idempotency)
+            if plan is None:
+                status_code, response = _response(command, events)
                 return CommandResult(status_code, json.dumps(response, separators=(",", ":")))
-            # Renew, release and a force-release of a live lease stand only if the lease is still live
-            # when appended; otherwise decide again (it lapsed: lease_expired, or LOCK_EXPIRED).
-            ends_live_lease = isinstance(command, Renew | Release) or isinstance(
-                events[-1], LockForceReleased
-            )
-            plan = AppendPlan(
-                expected_version=snapshot.state.version,
-                events=events,
-                new_state=fold(snapshot.state, events),
-                require_live=ends_live_lease,
-                status_code=status_code,
-                response=response,
-                metadata=_metadata(name, ctx),
-                idempotency=idempotency,
-            )
             try:
-                committed = await self._commits.submit(plan)
+                committed = await self._commit(plan)
             except asyncpg.UniqueViolationError:
                 # A concurrent request with the same key (or a stream created under us) won: the next
                 # load sees its outcome.
                 continue
             if committed is not None:
-                return CommandResult(status_code, committed.response)
+                return CommandResult(plan.status_code, committed.response)
         raise Unavailable(f"{command.resource} is too contended to decide now; retry", retry_after_s=1)
+
+    async def _execute_unread(
+        self, command: Command, idempotency: Idempotency, metadata: dict[str, Any]
+    ) -> CommandResult | None:
+        """Decide on the remembered state and append at once (one round trip instead of two), or return
+        None when the state must be read first.
+
+        Only decisions that no clock but the database's can overturn are taken this way: an acquire of a
+        lock last seen free (or never seen, while that guess pays: ``NewStreamGuess``), and a renew or
+        release of a lease last seen held, which the append itself refuses once the lease has lapsed by
+        the database's clock. A refusal is never answered from memory: the read may find this very
+        request's stored outcome under its Idempotency-Key, or a newer state.
+        """
+        if not self._remembers:
+            return None
+        state = self._states.get(command.resource)
+        guessed_new = state is None
+        if state is None:
+            if not isinstance(command, Acquire) or not self._new_streams.should_guess():
+                return None
+            state = initial_state(command.resource)
+        elif not (
+            (isinstance(command, Acquire) and state.status == "free")
+            or (isinstance(command, Renew | Release) and state.status == "held")
+        ):
+            return None
+        try:
+            events = decide(state, command, datetime.now(UTC), self._bounds)
+        except DomainError:
+            return None
+        plan = _plan(command, state, events, metadata, idempotency)
+        if plan is None:
+            return None
+        try:
+            committed = await self._commit(plan)
+        except asyncpg.UniqueViolationError:
+            committed = None  # the Idempotency-Key is taken: the read finds its outcome
+        if guessed_new:
+            self._new_streams.record(committed is not None)
+        if committed is None:
+            self._states.forget(command.resource)
+            return None
+        return CommandResult(plan.status_code, committed.response)
+
+    async def _commit(self, plan: AppendPlan) -> Committed | None:
+        """Append ``plan`` and remember the state it led to (with the deadline as the database stamped it)."""
+        committed = await self._commits.submit(plan)
+        if committed is not None:
+            self._states.put(replace(plan.new_state, expires_at=committed.expires_at))
+        return committed
+
+
+def _plan(
+    command: Command,
+    state: LockState,
+    events: list[Event],
+    metadata: dict[str, Any],
+    idempotency: Idempotency,
+) -> AppendPlan | None:
+    """The append that carries out a decision; None when the decision changes nothing."""
+    if not events:
+        return None
+    status_code, response = _response(command, events)
+    # Renew, release and a force-release of a live lease stand only if the lease is still live when
+    # appended; otherwise decide again (it lapsed: lease_expired, or LOCK_EXPIRED).
+    ends_live_lease = isinstance(command, Renew | Release) or isinstance(events[-1], LockForceReleased)
+    return AppendPlan(
+        expected_version=state.version,
+        events=events,
+        new_state=fold(state, events),
+        require_live=ends_live_lease,
+        status_code=status_code,
+        response=response,
+        metadata=metadata,
+        idempotency=idempotency,
+    )
 
 
 def _describe(command: Command) -> tuple[str, dict[str, Any]]:

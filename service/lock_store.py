@@ -115,7 +115,7 @@ remembered AS (
      WHERE $16::text IS NOT NULL
  RETURNING 1
 )
-SELECT response.body::text AS response
+SELECT response.body::text AS response, stamped.new_expires_at AS expires_at
   FROM stamped, response
 """
 
@@ -163,6 +163,7 @@ class AppendPlan:
 @dataclass(frozen=True, slots=True)
 class Committed:
     response: str  # the JSON body, byte for byte what the Idempotency-Key record holds
+    expires_at: datetime | None  # the lease deadline as stored (a grant's is stamped by the statement)
 
 
 # The same read for many commands at once: one round trip for every command waiting to load.
@@ -259,7 +260,7 @@ async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
     """Append the plan in one statement; ``None`` when the stream moved on (decide again)."""
     sql = COMMIT_NEW_SQL if plan.expected_version == 0 else COMMIT_EXISTING_SQL
     row = await conn.fetchrow(sql, *_parameters(plan))
-    return None if row is None else Committed(row["response"])
+    return None if row is None else Committed(row["response"], row["expires_at"])
 
 
 # Many plans, on distinct resources and keys, in one statement and so one transaction (and one WAL
@@ -349,7 +350,7 @@ remembered AS (
      WHERE key IS NOT NULL
  RETURNING 1
 )
-SELECT cmd, body::text AS response FROM answered
+SELECT cmd, body::text AS response, new_expires_at AS expires_at FROM answered
 """
 
 
@@ -376,5 +377,5 @@ async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committ
             for column, value in zip(event_columns, values, strict=True):
                 column.append(value)
     rows = await conn.fetch(COMMIT_MANY_SQL, *columns, *event_columns)
-    by_command = {row["cmd"]: Committed(row["response"]) for row in rows}
+    by_command = {row["cmd"]: Committed(row["response"], row["expires_at"]) for row in rows}
     return [by_command.get(number) for number in range(1, len(plans) + 1)]
