@@ -35,16 +35,20 @@ async def authenticate(request: Request) -> Principal:
     return principal
 
 
+async def authorize(request: Request, action: Action) -> Principal:
+    """The caller, if its role is allowed ``action`` (401 or 403 otherwise)."""
+    principal = await authenticate(request)
+    if not allows(principal.role, action):
+        needed = ", ".join(roles_allowed(action))
+        raise Forbidden(f"{principal.name} has role {principal.role}; {action} needs one of: {needed}")
+    return principal
+
+
 def require(action: Action) -> Callable[[Request], Awaitable[Principal]]:
-    """A dependency that authenticates the caller and lets only roles allowed ``action`` through (401 or
-    403 otherwise)."""
+    """A dependency that lets only callers allowed ``action`` through."""
 
     async def check(request: Request) -> Principal:
-        principal = await authenticate(request)
-        if not allows(principal.role, action):
-            needed = ", ".join(roles_allowed(action))
-            raise Forbidden(f"{principal.name} has role {principal.role}; {action} needs one of: {needed}")
-        return principal
+        return await authorize(request, action)
 
     return check
 

@@ -6,15 +6,14 @@ and if given must be the principal's name (403 otherwise). In dev mode the body 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from api.auth import require
-from api.dependencies import ResourcePath, command_context, lock_service
+from api.command_route import CommandCall, CommandCaller, CommandRoute
+from api.dependencies import ResourcePath
 from api.models import (
     AcquireRequest,
     ForceReleased,
@@ -29,14 +28,11 @@ from domain.access import Action, Principal
 from domain.commands import Acquire, Command, ForceRelease, Release, Renew
 from domain.errors import NotOwner
 from service.errors import Forbidden
-from service.lock_service import CommandContext, LockService
 
-router = APIRouter(prefix="/v1/locks", tags=["commands"])
+router = APIRouter(prefix="/v1/locks", tags=["commands"], route_class=CommandRoute)
 
-Context = Annotated[CommandContext, Depends(command_context)]
-Service = Annotated[LockService, Depends(lock_service)]
-Holder = Annotated[Principal, Depends(require(Action.HOLD))]
-Admin = Annotated[Principal, Depends(require(Action.FORCE_RELEASE))]
+Holder = Annotated[CommandCall, Depends(CommandCaller(Action.HOLD))]
+Admin = Annotated[CommandCall, Depends(CommandCaller(Action.FORCE_RELEASE))]
 
 
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -62,13 +58,11 @@ def lease_owner(claimed: str | None, caller: Principal) -> str:
     return caller.name
 
 
-async def _run(service: LockService, command: Command, ctx: CommandContext, caller: Principal) -> Response:
-    # Idempotency-Keys are scoped to the principal: one agent's key never replays another's response.
-    ctx = replace(ctx, principal=caller.name)
+async def _run(command: Command, call: CommandCall) -> Response:
     try:
-        result = await service.execute(command, ctx)
+        result = await call.service.execute(command, call.context)
     except NotOwner as error:
-        if caller.authenticated:
+        if call.caller.authenticated:
             raise Forbidden(f"the lease on {error.resource} belongs to {error.holder}") from error
         raise
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
@@ -78,41 +72,28 @@ async def _run(service: LockService, command: Command, ctx: CommandContext, call
 
 
 @router.post("/{resource}/acquire", status_code=201, response_model=Lease, responses=_problems(409, 422, 503))
-async def acquire(
-    resource: ResourcePath,
-    body: AcquireRequest,
-    request: Request,
-    caller: Holder,
-    ctx: Context,
-    service: Service,
-) -> Response:
+async def acquire(resource: ResourcePath, body: AcquireRequest, call: Holder) -> Response:
     """Take the lock for `ttl_ms`. 409 `lock_held` names the holder and its deadline."""
-    ttl_ms = body.ttl_ms if body.ttl_ms is not None else request.app.state.settings.ttl_default_ms
-    return await _run(service, Acquire(resource, lease_owner(body.owner, caller), ttl_ms), ctx, caller)
+    ttl_ms = body.ttl_ms if body.ttl_ms is not None else call.service.default_ttl_ms
+    return await _run(Acquire(resource, lease_owner(body.owner, call.caller), ttl_ms), call)
 
 
 @router.post("/{resource}/renew", response_model=Lease, responses=_problems(409, 410, 422, 503))
-async def renew(
-    resource: ResourcePath, body: RenewRequest, caller: Holder, ctx: Context, service: Service
-) -> Response:
+async def renew(resource: ResourcePath, body: RenewRequest, call: Holder) -> Response:
     """The heartbeat: extend the lease from now. 410 `lease_expired` once its deadline has passed;
     403 when the lease is another principal's."""
-    command = Renew(resource, lease_owner(body.owner, caller), body.fencing_token, body.ttl_ms)
-    return await _run(service, command, ctx, caller)
+    command = Renew(resource, lease_owner(body.owner, call.caller), body.fencing_token, body.ttl_ms)
+    return await _run(command, call)
 
 
 @router.post("/{resource}/release", response_model=Released, responses=_problems(409, 410, 422, 503))
-async def release(
-    resource: ResourcePath, body: ReleaseRequest, caller: Holder, ctx: Context, service: Service
-) -> Response:
+async def release(resource: ResourcePath, body: ReleaseRequest, call: Holder) -> Response:
     """End the lease now so the next agent need not wait for the deadline; 403 when it is another's."""
-    command = Release(resource, lease_owner(body.owner, caller), body.fencing_token)
-    return await _run(service, command, ctx, caller)
+    command = Release(resource, lease_owner(body.owner, call.caller), body.fencing_token)
+    return await _run(command, call)
 
 
 @router.post("/{resource}/force-release", response_model=ForceReleased, responses=_problems(422, 503))
-async def force_release(
-    resource: ResourcePath, body: ForceReleaseRequest, caller: Admin, ctx: Context, service: Service
-) -> Response:
+async def force_release(resource: ResourcePath, body: ForceReleaseRequest, call: Admin) -> Response:
     """Admin: end whatever lease is live, recording why. A free lock is left as it is (`released: false`)."""
-    return await _run(service, ForceRelease(resource, body.reason), ctx, caller)
+    return await _run(ForceRelease(resource, body.reason), call)

@@ -10,19 +10,17 @@ from __future__ import annotations
 import itertools
 import json
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import Response
 
+from api.command_route import CommandRoute
 from api.commands import Holder, lease_owner
-from api.dependencies import ResourcePath, command_context
+from api.dependencies import ResourcePath
 from api.models import AcquireRequest, ReleaseRequest, RenewRequest
-from service.lock_service import CommandContext
 
-router = APIRouter(prefix="/v1/noop", tags=["benchmark"], include_in_schema=False)
+router = APIRouter(prefix="/v1/noop", tags=["benchmark"], include_in_schema=False, route_class=CommandRoute)
 
-Context = Annotated[CommandContext, Depends(command_context)]
 _tokens = itertools.count(1)
 
 
@@ -39,21 +37,21 @@ def _lease(resource: str, owner: str, token: int, ttl_ms: int, status: int) -> R
 
 
 @router.post("/{resource}/acquire", status_code=201)
-async def acquire(resource: ResourcePath, body: AcquireRequest, caller: Holder, ctx: Context) -> Response:
-    return _lease(resource, lease_owner(body.owner, caller), next(_tokens), body.ttl_ms or 30_000, 201)
+async def acquire(resource: ResourcePath, body: AcquireRequest, call: Holder) -> Response:
+    return _lease(resource, lease_owner(body.owner, call.caller), next(_tokens), body.ttl_ms or 30_000, 201)
 
 
 @router.post("/{resource}/renew")
-async def renew(resource: ResourcePath, body: RenewRequest, caller: Holder, ctx: Context) -> Response:
-    owner = lease_owner(body.owner, caller)
+async def renew(resource: ResourcePath, body: RenewRequest, call: Holder) -> Response:
+    owner = lease_owner(body.owner, call.caller)
     return _lease(resource, owner, body.fencing_token, body.ttl_ms or 30_000, 200)
 
 
 @router.post("/{resource}/release")
-async def release(resource: ResourcePath, body: ReleaseRequest, caller: Holder, ctx: Context) -> Response:
+async def release(resource: ResourcePath, body: ReleaseRequest, call: Holder) -> Response:
     payload = {
         "resource": resource,
-        "owner": lease_owner(body.owner, caller),
+        "owner": lease_owner(body.owner, call.caller),
         "fencing_token": body.fencing_token,
         "released": True,
     }

@@ -101,6 +101,11 @@ class LockService:
         )
 
     @property
+    def default_ttl_ms(self) -> int:
+        """The lease length of an acquire that names none."""
+        return self._bounds.default_ms
+
+    @property
     def reads(self) -> int:
         """Commands that read their lock's state before deciding (the others decided on a remembered one)."""
         return self._loads.requests

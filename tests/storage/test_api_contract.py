@@ -242,6 +242,49 @@ async def test_idempotency_key_length(
     assert accepted.status_code == 201, accepted.text
 
 
+@pytest.mark.parametrize("header", ["X-Correlation-ID", "X-Causation-ID"])
+async def test_trace_header_length(
+    http: httpx.AsyncClient, unique_prefix: str, admin_pool: asyncpg.Pool, header: str
+) -> None:
+    too_long, longest = f"{unique_prefix}a", f"{unique_prefix}b"
+    response = await http.post(
+        f"/v1/locks/{too_long}/acquire", json={"owner": "bot1"}, headers={header: "c" * 201}
+    )
+    problem = assert_problem(response, 422, "validation_error")
+    assert [e["loc"] for e in problem["errors"]] == [["header", header]]
+    assert await event_types(admin_pool, too_long) == []
+    accepted = await http.post(
+        f"/v1/locks/{longest}/acquire", json={"owner": "bot1"}, headers={header: "c" * 200}
+    )
+    assert accepted.status_code == 201, accepted.text
+
+
+async def test_every_invalid_part_of_a_command_is_reported_at_once(http: httpx.AsyncClient) -> None:
+    response = await http.post(
+        "/v1/locks/.../renew",
+        json={"owner": "bot 1", "fencing_token": 0, "colour": "red"},
+        headers={"Content-Type": "application/json"},
+    )
+    problem = assert_problem(response, 422, "validation_error")
+    assert {tuple(e["loc"]) for e in problem["errors"]} == {
+        ("path", "resource"),
+        ("body", "owner"),
+        ("body", "fencing_token"),
+        ("body", "colour"),
+    }
+
+
+async def test_a_json_body_under_a_json_suffix_media_type_is_accepted(
+    http: httpx.AsyncClient, resource: str
+) -> None:
+    response = await http.post(
+        f"/v1/locks/{resource}/acquire",
+        content=b'{"owner": "bot1"}',
+        headers={"Content-Type": "application/vnd.lockledger+json; charset=utf-8"},
+    )
+    assert response.status_code == 201, response.text
+
+
 async def test_force_release_needs_a_reason(http: httpx.AsyncClient, resource: str) -> None:
     await acquire(http, resource)
     for body in ({}, {"reason": ""}, {"reason": "x" * 1001}, {"reason": "ok", "by": "me"}):

@@ -69,6 +69,25 @@ async def test_a_call_without_a_valid_token_is_401_problem_json(
         assert response.json()["code"] == "unauthorized"
 
 
+@pytest.mark.parametrize("command", ["acquire", "renew", "release", "force-release"])
+async def test_credentials_are_checked_before_the_request_is_validated(
+    api: httpx.AsyncClient, issue_token: IssueToken, unique_prefix: str, command: str
+) -> None:
+    """An anonymous caller learns nothing about what a valid command looks like: 401 first, whatever the
+    path, headers and body; the same request with a token is then 422."""
+    agent = await issue_token(name(unique_prefix, "agent"), Role.AGENT)
+    request = {
+        "url": f"/v1/locks/{unique_prefix}..bad resource/{command}",
+        "content": b"{not json",
+        "headers": {"Content-Type": "application/json", "Idempotency-Key": "k" * 300},
+    }
+    assert (await api.post(**request)).status_code == 401  # type: ignore[arg-type]
+    authenticated = {**request, "headers": {**request["headers"], **bearer(agent)}}  # type: ignore[dict-item]
+    refused = await api.post(**authenticated)  # type: ignore[arg-type]
+    # force-release needs an admin: 403 before validation too.
+    assert refused.status_code == (403 if command == "force-release" else 422), refused.text
+
+
 async def test_health_and_docs_need_no_token(api: httpx.AsyncClient) -> None:
     for path in ["/healthz", "/readyz", "/openapi.json"]:
         assert (await api.get(path)).status_code == 200, path

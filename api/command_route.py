@@ -1,0 +1,207 @@
+"""The command endpoints' request path: FastAPI documents them, this route serves them.
+
+An agent's acquire, heartbeat and release are most of the traffic, and FastAPI's general machinery was
+most of their cost: solving a dependency tree per request, validating each header and path parameter
+through its own pydantic field, re-inspecting the endpoint's signature (about 110 µs of a 145 µs request
+in the no-op twin on this machine; docs/performance.md). A command endpoint needs far less, always the
+same: authenticate the caller, read three optional headers, check the resource segment, validate one JSON
+body. ``CommandRoute`` does exactly that, in that order (so a request without credentials is 401 before
+its body is looked at, as with FastAPI's dependencies), and then calls the endpoint.
+
+The endpoint is still declared the FastAPI way, ``(resource: ResourcePath, body: SomeRequest, call:
+Holder)``, so the OpenAPI at ``/docs`` (path pattern, body schema, the headers ``CommandCaller``
+declares, the bearer scheme) is generated as before, and validation errors have the shape FastAPI gives
+them (``loc``, ``msg``, ``type``; turned into problem+json by ``api/problems.py``). A route whose endpoint
+has any other shape is refused when the app is built, not served differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from email.message import Message
+from typing import Annotated, Any
+
+from fastapi import Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+
+from api.auth import authorize
+from domain.access import Action, Principal
+from domain.resource import RESOURCE_MAX_LENGTH, is_valid_resource
+from service.idempotency import MAX_KEY_LENGTH
+from service.lock_service import CommandContext, LockService
+
+_TRACE_MAX_LENGTH = 200  # X-Correlation-ID, X-Causation-ID
+
+
+@dataclass(frozen=True, slots=True)
+class CommandCall:
+    """Who sends a command, the context it ties into, and the service that runs it."""
+
+    caller: Principal
+    context: CommandContext
+    service: LockService
+
+
+class CommandCaller:
+    """The dependency of every command endpoint: the caller, allowed ``action``, and the command context.
+
+    FastAPI reads ``__call__``'s signature for the OpenAPI (the headers and their limits); ``CommandRoute``
+    calls ``from_request``, which reads the same headers by hand and applies the same limits.
+    """
+
+    def __init__(self, action: Action) -> None:
+        self.action = action
+
+    async def __call__(
+        self,
+        request: Request,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                min_length=1,
+                max_length=MAX_KEY_LENGTH,
+                description="Retry-safe key: the same key and request return the stored response.",
+            ),
+        ] = None,
+        correlation_id: Annotated[
+            str | None, Header(alias="X-Correlation-ID", max_length=_TRACE_MAX_LENGTH)
+        ] = None,
+        causation_id: Annotated[
+            str | None, Header(alias="X-Causation-ID", max_length=_TRACE_MAX_LENGTH)
+        ] = None,
+    ) -> CommandCall:
+        raise NotImplementedError("served by CommandRoute, which calls from_request")
+
+    async def from_request(self, request: Request) -> CommandCall:
+        """Authenticate and authorize first (401/403 before anything else is looked at), then the headers."""
+        caller = await authorize(request, self.action)
+        headers = request.headers
+        idempotency_key = headers.get("idempotency-key")
+        correlation_id = headers.get("x-correlation-id")
+        causation_id = headers.get("x-causation-id")
+        errors = [
+            *_length_errors("Idempotency-Key", idempotency_key, 1, MAX_KEY_LENGTH),
+            *_length_errors("X-Correlation-ID", correlation_id, 0, _TRACE_MAX_LENGTH),
+            *_length_errors("X-Causation-ID", causation_id, 0, _TRACE_MAX_LENGTH),
+        ]
+        if errors:
+            raise RequestValidationError(errors)
+        # Idempotency-Keys are scoped to the principal: one agent's key never replays another's response.
+        context = CommandContext(
+            principal=caller.name,
+            idempotency_key=idempotency_key,
+            correlation_id=correlation_id,
+            causation_id=causation_id,
+        )
+        return CommandCall(caller, context, request.app.state.lock_service)
+
+
+class CommandRoute(APIRoute):
+    """Serves an endpoint ``(resource, body, call)`` without FastAPI's per-request dependency solving."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        endpoint, body_model, caller = self._command_shape()
+
+        async def handle(request: Request) -> Response:
+            call = await caller.from_request(request)
+            errors: list[dict[str, Any]] = []
+            resource: str = request.path_params["resource"]
+            if not is_valid_resource(resource):
+                errors.append(_resource_error(resource))
+            body = await _body(request, body_model, errors)
+            if errors:
+                raise RequestValidationError(errors)
+            response: Response = await endpoint(resource=resource, body=body, call=call)
+            return response
+
+        return handle
+
+    def _command_shape(self) -> tuple[Callable[..., Any], type[BaseModel], CommandCaller]:
+        dependant = self.dependant
+        body_types = [field.field_info.annotation for field in dependant.body_params]
+        callers = [sub.call for sub in dependant.dependencies if isinstance(sub.call, CommandCaller)]
+        shape_ok = (
+            [field.name for field in dependant.path_params] == ["resource"]
+            and len(body_types) == 1
+            and isinstance(body_types[0], type)
+            and issubclass(body_types[0], BaseModel)
+            and len(callers) == 1
+            and len(dependant.dependencies) == 1
+            and not (dependant.query_params or dependant.header_params or dependant.cookie_params)
+        )
+        if not shape_ok:
+            raise TypeError(f"{self.path}: a CommandRoute endpoint takes (resource, body, call) only")
+        assert isinstance(body_types[0], type)
+        return self.endpoint, body_types[0], callers[0]
+
+
+async def _body(request: Request, model: type[BaseModel], errors: list[dict[str, Any]]) -> BaseModel | None:
+    raw = await request.body()
+    if not raw:
+        errors.append({"type": "missing", "loc": ("body",), "msg": "Field required", "input": None})
+        return None
+    content_type = request.headers.get("content-type")
+    if content_type is not None and not _is_json(content_type):
+        errors.append(
+            {"type": "model_attributes_type", "loc": ("body",), "msg": "Input should be a JSON object"}
+        )
+        return None
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as invalid:
+        for error in invalid.errors(include_url=False):
+            errors.append({**error, "loc": ("body", *error["loc"])})
+        return None
+
+
+def _is_json(content_type: str) -> bool:
+    """As FastAPI decides: ``application/json`` or any ``application/*+json``."""
+    if content_type == "application/json" or content_type.startswith("application/json;"):
+        return True
+    message = Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+def _resource_error(resource: str) -> dict[str, Any]:
+    if not resource:
+        return {
+            "type": "string_too_short",
+            "loc": ("path", "resource"),
+            "msg": "String should have at least 1 character",
+        }
+    if len(resource) > RESOURCE_MAX_LENGTH:
+        msg = f"String should have at most {RESOURCE_MAX_LENGTH} characters"
+        return {"type": "string_too_long", "loc": ("path", "resource"), "msg": msg}
+    msg = "String should be 1-200 of [A-Za-z0-9._:-], not only dots"
+    return {"type": "string_pattern_mismatch", "loc": ("path", "resource"), "msg": msg}
+
+
+def _length_errors(header: str, value: str | None, low: int, high: int) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if len(value) < low:
+        return [
+            {
+                "type": "string_too_short",
+                "loc": ("header", header),
+                "msg": f"String should have at least {low} character",
+            }
+        ]
+    if len(value) > high:
+        return [
+            {
+                "type": "string_too_long",
+                "loc": ("header", header),
+                "msg": f"String should have at most {high} characters",
+            }
+        ]
+    return []
