@@ -7,7 +7,6 @@ the store re-stamps the deadline of granting events with the clock of the append
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
@@ -68,11 +67,12 @@ def decide(
 
 def evolve(state: LockState, event: Event) -> LockState:
     """The state after ``event``; each event carries all it needs, so older events are never consulted."""
-    version = state.version + 1
+    # Built directly rather than with dataclasses.replace, which inspects the fields on every call: this
+    # runs on every command.
     if isinstance(event, LockAcquired | LockRenewed):
-        return replace(
-            state,
-            version=version,
+        return LockState(
+            resource=state.resource,
+            version=state.version + 1,
             status="held",
             owner=event.owner,
             fencing_token=event.fencing_token,
@@ -80,12 +80,13 @@ def evolve(state: LockState, event: Event) -> LockState:
             expires_at=event.expires_at,
             ended_by=None,
         )
-    return replace(
-        state,
-        version=version,
+    return LockState(
+        resource=state.resource,
+        version=state.version + 1,
         status="free",
         owner=event.owner,
         fencing_token=event.fencing_token,
+        ttl_ms=state.ttl_ms,
         expires_at=event.expires_at,
         ended_by=event.type,
     )

@@ -34,6 +34,15 @@ class LockState:
     def is_lapsed(self, now: datetime) -> bool:
         return self.status == "held" and self.expires_at is not None and now >= self.expires_at
 
+    def with_deadline(self, expires_at: datetime | None) -> LockState:
+        """This state with the lease deadline as the database stamped it."""
+        if expires_at == self.expires_at:
+            return self
+        return LockState(
+            self.resource, self.version, self.status, self.owner, self.fencing_token, self.ttl_ms,
+            expires_at, self.ended_by,
+        )  # fmt: skip
+
 
 def initial_state(resource: str) -> LockState:
     return LockState(resource=resource)

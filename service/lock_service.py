@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -222,7 +222,7 @@ class LockService:
         """Append ``plan`` and remember the state it led to (with the deadline as the database stamped it)."""
         committed = await self._commits.submit(plan)
         if committed is not None:
-            self._states.put(replace(plan.new_state, expires_at=committed.expires_at))
+            self._states.put(plan.new_state.with_deadline(committed.expires_at))
         return committed
 
 

@@ -19,7 +19,6 @@ statement per shape, cached by asyncpg. The tables it touches are defined in ``*
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -52,16 +51,16 @@ clock AS (
 ),
 stamped AS (
     SELECT ts,
-           CASE WHEN $4::integer IS NULL THEN $13::timestamptz
+           CASE WHEN $4::integer IS NULL THEN $12::timestamptz
                 ELSE ts + $4::integer * interval '1 millisecond' END AS new_expires_at
       FROM clock
      WHERE NOT $3::boolean OR ts < held_until
 ),
 projected AS (
     UPDATE lock_state
-       SET version = $2::bigint + cardinality($5::text[]), status = $9::text, owner = $10::text,
-           fencing_token = $11::bigint, ttl_ms = $12::integer, expires_at = stamped.new_expires_at,
-           ended_by = $14::text,
+       SET version = $2::bigint + cardinality($5::text[]), status = $8::text, owner = $9::text,
+           fencing_token = $10::bigint, ttl_ms = $11::integer, expires_at = stamped.new_expires_at,
+           ended_by = $13::text,
            acquired_at = CASE WHEN 'LOCK_ACQUIRED' = ANY($5::text[]) THEN stamped.ts
                               ELSE lock_state.acquired_at END,
            updated_at = stamped.ts
@@ -74,7 +73,7 @@ projected AS (
 _NEW_HEAD = """
 WITH stamped AS (
     SELECT ts,
-           CASE WHEN $4::integer IS NULL THEN $13::timestamptz
+           CASE WHEN $4::integer IS NULL THEN $12::timestamptz
                 ELSE ts + $4::integer * interval '1 millisecond' END AS new_expires_at
       FROM (SELECT clock_timestamp() AS ts) AS clock
      WHERE $2::bigint = 0 AND NOT $3::boolean
@@ -82,8 +81,8 @@ WITH stamped AS (
 projected AS (
     INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at,
                             ended_by, acquired_at, updated_at)
-    SELECT $1::text, cardinality($5::text[]), $9::text, $10::text, $11::bigint, $12::integer,
-           new_expires_at, $14::text,
+    SELECT $1::text, cardinality($5::text[]), $8::text, $9::text, $10::bigint, $11::integer,
+           new_expires_at, $13::text,
            CASE WHEN 'LOCK_ACQUIRED' = ANY($5::text[]) THEN ts END, ts
       FROM stamped
         ON CONFLICT (resource) DO NOTHING
@@ -93,26 +92,26 @@ projected AS (
 # Shared by both shapes: append the events, record the idempotency key, return the response body.
 _APPEND_TAIL = """
 appended AS (
-    INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata, recorded_at)
-    SELECT $1::text, $2::bigint + e.ord, e.event_id, e.event_type,
+    INSERT INTO events (stream_id, stream_version, event_type, data, metadata, recorded_at)
+    SELECT $1::text, $2::bigint + e.ord, e.event_type,
            CASE WHEN $4::integer IS NOT NULL AND e.ord = cardinality($5::text[])
                 THEN e.data || jsonb_build_object('expires_at', stamped.new_expires_at)
                 ELSE e.data END,
-           $8::jsonb, stamped.ts
+           $7::jsonb, stamped.ts
       FROM stamped, projected,
-           unnest($5::text[], $6::jsonb[], $7::uuid[]) WITH ORDINALITY AS e(event_type, data, event_id, ord)
+           unnest($5::text[], $6::jsonb[]) WITH ORDINALITY AS e(event_type, data, ord)
  RETURNING position
 ),
 response AS (
-    SELECT CASE WHEN $4::integer IS NULL THEN $19::jsonb
-                ELSE $19::jsonb || jsonb_build_object('expires_at', stamped.new_expires_at) END AS body
+    SELECT CASE WHEN $4::integer IS NULL THEN $18::jsonb
+                ELSE $18::jsonb || jsonb_build_object('expires_at', stamped.new_expires_at) END AS body
       FROM stamped, projected
 ),
 remembered AS (
     INSERT INTO idempotency_keys (principal, key, fingerprint, resource, status_code, response, created_at)
-    SELECT $15::text, $16::text, $17::bytea, $1::text, $18::smallint, response.body, stamped.ts
+    SELECT $14::text, $15::text, $16::bytea, $1::text, $17::smallint, response.body, stamped.ts
       FROM stamped, response
-     WHERE $16::text IS NOT NULL
+     WHERE $15::text IS NOT NULL
  RETURNING 1
 )
 SELECT response.body::text AS response, stamped.new_expires_at AS expires_at
@@ -201,7 +200,7 @@ def _snapshot(resource: str, row: asyncpg.Record) -> Snapshot:
 
 
 class _Parameters(NamedTuple):
-    """The commit statement's parameters for one plan, in ``$1..$19`` order (see ``_EXISTING_HEAD``)."""
+    """The commit statement's parameters for one plan, in ``$1..$18`` order (see ``_EXISTING_HEAD``)."""
 
     resource: str
     expected_version: int
@@ -209,7 +208,6 @@ class _Parameters(NamedTuple):
     grant_ttl_ms: int | None
     event_types: list[str]
     event_data: list[str]
-    event_ids: list[uuid.UUID]
     metadata: str
     status: str
     owner: str | None
@@ -240,7 +238,6 @@ def _parameters(plan: AppendPlan) -> _Parameters:
         grant_ttl_ms=new.ttl_ms if granting else None,
         event_types=[event.type for event in plan.events],
         event_data=payloads,
-        event_ids=[uuid.uuid4() for _ in plan.events],
         metadata=json.dumps(plan.metadata, separators=(",", ":")),
         status=new.status,
         owner=new.owner,
@@ -325,14 +322,14 @@ projected AS (
  RETURNING ok.cmd
 ),
 appended AS (
-    INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata, recorded_at)
-    SELECT ok.resource, ok.expected + e.ord, e.id, e.type,
+    INSERT INTO events (stream_id, stream_version, event_type, data, metadata, recorded_at)
+    SELECT ok.resource, ok.expected + e.ord, e.type,
            CASE WHEN ok.grant_ttl IS NOT NULL AND e.ord = ok.n_events
                 THEN e.data || jsonb_build_object('expires_at', ok.new_expires_at)
                 ELSE e.data END,
            ok.metadata, ok.ts
-      FROM ok JOIN unnest($19::bigint[], $20::bigint[], $21::text[], $22::jsonb[], $23::uuid[])
-                   AS e(cmd, ord, type, data, id) ON e.cmd = ok.cmd
+      FROM ok JOIN unnest($19::bigint[], $20::bigint[], $21::text[], $22::jsonb[])
+                   AS e(cmd, ord, type, data) ON e.cmd = ok.cmd
      ORDER BY ok.resource, e.ord
  RETURNING 1
 ),
@@ -361,7 +358,7 @@ async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committ
     statement, which then wrote nothing: the caller retries the plans one by one.
     """
     columns: list[list[Any]] = [[] for _ in range(18)]
-    event_columns: list[list[Any]] = [[] for _ in range(5)]
+    event_columns: list[list[Any]] = [[] for _ in range(4)]
     for number, plan in enumerate(plans, start=1):
         p = _parameters(plan)
         per_command: tuple[Any, ...] = (  # in COMMIT_MANY_SQL's $1..$18 order
@@ -371,9 +368,9 @@ async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committ
         )  # fmt: skip
         for column, value in zip(columns, per_command, strict=True):
             column.append(value)
-        events = zip(p.event_types, p.event_data, p.event_ids, strict=True)
-        for ordinal, (event_type, payload, event_id) in enumerate(events, start=1):
-            values: tuple[Any, ...] = (number, ordinal, event_type, payload, event_id)
+        events = zip(p.event_types, p.event_data, strict=True)
+        for ordinal, (event_type, payload) in enumerate(events, start=1):
+            values: tuple[Any, ...] = (number, ordinal, event_type, payload)
             for column, value in zip(event_columns, values, strict=True):
                 column.append(value)
     rows = await conn.fetch(COMMIT_MANY_SQL, *columns, *event_columns)
