@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from api import commands, health, noop, problems, queries, tokens
 from api.limits import install_limits
+from service import garbage_collection
 from service.authenticator import Authenticator
 from service.config import Settings
 from service.database import create_pool
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.reaper_enabled:
             reaper = Reaper(pool, settings)
             reaper_task = asyncio.create_task(reaper.run(), name="reaper")
+        garbage_collection.tune_after_startup()
         try:
             yield
         finally:
