@@ -23,9 +23,14 @@ DELETE FROM idempotency_keys
 """
 
 
+# One encoder for every fingerprint (json.dumps builds a new one per call when given options); its output
+# must never change, or a retry across an upgrade would no longer match its stored key.
+_canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
 def fingerprint(command: str, resource: str, fields: dict[str, Any]) -> bytes:
     """A digest of the request as decided, so an omitted default and the same value spelled out match."""
-    canonical = json.dumps([command, resource, fields], sort_keys=True, separators=(",", ":"))
+    canonical = _canonical_json([command, resource, fields])
     return hashlib.sha256(canonical.encode()).digest()
 
 
