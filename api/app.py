@@ -87,7 +87,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await app.state.read_pool.close()
             await pool.close()
 
-    app = FastAPI(title="lockledger", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    telemetry = settings.opentelemetry
+    app = FastAPI(
+        title="lockledger",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        telemetry={"tracing": telemetry, "metrics": telemetry, "logs": telemetry},
+    )
     app.state.settings = settings
     problems.install(app)
     install_limits(app, settings)
