@@ -1,7 +1,7 @@
 """Resolving a bearer token to its principal without a database round trip per request.
 
-The hot path budget is two round trips per command (docs/performance.md); a token lookup on every
-request would add a third. So each process remembers the tokens it has seen, and instead of looking each
+The hot path budget is one or two round trips per command (docs/architecture.md); a token lookup on
+every request would add one more. So each process remembers the tokens it has seen, and instead of looking each
 one up again when a cache entry ages out (which, with heartbeats every ttl/3, would be nearly every
 renew), it asks the database every ``poll_s`` seconds for one thing only: which tokens were revoked
 lately. One query per process per interval, whatever the fleet's size; a revoked token works for at most

@@ -1,4 +1,5 @@
-"""The lock stream's unit of work, in two database round trips per command.
+"""The lock stream's unit of work, in two database round trips per command (one when the service decides
+on a state it remembers, ``service/state_cache.py``: then only the commit).
 
 1. ``load``: one statement reads the stream head (the ``lock_state`` row), the database clock and any
    stored outcome of the request's Idempotency-Key.
