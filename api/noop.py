@@ -1,8 +1,9 @@
 """A no-op twin of the command endpoints, for the benchmark's framework ceiling.
 
-Same server, workers, routing, dependencies, request models and JSON responses as the real commands,
-but no database: what it reaches is the most any command endpoint of this stack can reach. Mounted only
-when ``LOCKLEDGER_BENCH_NOOP`` is true; never in production.
+Same server, workers, routing, route class (``CommandRoute``: authentication, headers, request models)
+and JSON responses as the real commands, but no database: what it reaches is the most any command
+endpoint of this stack can reach. Mounted only when ``LOCKLEDGER_BENCH_NOOP`` is true; never in
+production.
 """
 
 from __future__ import annotations

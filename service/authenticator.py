@@ -1,12 +1,13 @@
 """Resolving a bearer token to its principal without a database round trip per request.
 
 The hot path budget is one or two round trips per command (docs/architecture.md); a token lookup on
-every request would add one more. So each process remembers the tokens it has seen, and instead of looking each
-one up again when a cache entry ages out (which, with heartbeats every ttl/3, would be nearly every
-renew), it asks the database every ``poll_s`` seconds for one thing only: which tokens were revoked
-lately. One query per process per interval, whatever the fleet's size; a revoked token works for at most
-``poll_s`` more (default 10 s), which SECURITY.md states. Unknown tokens are remembered for a second, so a
-client hammering with a bad token costs one lookup per second, not one per request.
+every request would add one more. So each process remembers the tokens it has seen, and instead of
+looking each one up again when a cache entry ages out (which, with heartbeats every ttl/3, would be
+nearly every renew), it asks the database every ``poll_s`` seconds for one thing only: which tokens
+were revoked lately. One query per process per interval, whatever the fleet's size; a revoked token
+works for at most ``poll_s`` more (default 10 s), which SECURITY.md states. Unknown tokens are
+remembered for a second, so a client hammering with a bad token costs one lookup per second, not one
+per request.
 """
 
 from __future__ import annotations
