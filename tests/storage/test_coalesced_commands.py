@@ -19,6 +19,7 @@ from domain.commands import Acquire, Command, Release, Renew
 from domain.decider import decide, fold
 from domain.errors import DomainError
 from domain.events import event_from_payload
+from domain.resource import TtlBounds
 from domain.state import LockState
 from eventstore.verify import verify_chains
 from service import lock_store
@@ -27,6 +28,8 @@ from service.lock_service import CommandContext, LockService
 from service.lock_store import AppendPlan, Idempotency
 
 pytestmark = pytest.mark.storage
+
+BOUNDS = TtlBounds(min_ms=1_000, max_ms=600_000, default_ms=30_000)
 
 
 def _plan(state: LockState, command: Command, now: datetime, key: str | None = None) -> AppendPlan:
@@ -143,12 +146,16 @@ async def test_a_batch_that_fails_writes_nothing(
         )
 
 
+@pytest.mark.parametrize("processes", [1, 3], ids=["one-service", "three-services"])
 async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
-    lock_service: LockService, admin_pool: asyncpg.Pool, unique_prefix: str
+    service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str, processes: int
 ) -> None:
     """48 agents on 12 resources for 3 s through the coalescing service: one holder at a time per
     resource (no grant while another agent believes it holds), tokens strictly increasing, every
-    acknowledged command in the log, and the projection equal to a fold of the events."""
+    acknowledged command in the log, and the projection equal to a fold of the events. With three
+    services each command goes to one at random, as to three server processes: each decides on what it
+    remembers, which the others keep making stale."""
+    services = [LockService(service_pool, BOUNDS) for _ in range(processes)]
     resources = [f"{unique_prefix}r{i}" for i in range(12)]
     holders: dict[str, str] = {}
     grants: dict[str, list[int]] = {r: [] for r in resources}
@@ -161,7 +168,7 @@ async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
         while asyncio.get_running_loop().time() < stop:
             resource = rng.choice(resources)
             try:
-                result = await lock_service.execute(Acquire(resource, name, 30_000), CommandContext())
+                result = await rng.choice(services).execute(Acquire(resource, name, 30_000), CommandContext())
             except DomainError:
                 await asyncio.sleep(0)
                 continue
@@ -172,15 +179,17 @@ async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
             grants[resource].append(token)
             acknowledged.append((resource, token, "LOCK_ACQUIRED"))
             if rng.random() < 0.5:
-                await lock_service.execute(Renew(resource, name, token, 30_000), CommandContext())
+                await rng.choice(services).execute(Renew(resource, name, token, 30_000), CommandContext())
                 acknowledged.append((resource, token, "LOCK_RENEWED"))
             del holders[resource]
-            await lock_service.execute(Release(resource, name, token), CommandContext())
+            await rng.choice(services).execute(Release(resource, name, token), CommandContext())
             acknowledged.append((resource, token, "LOCK_RELEASED"))
 
     await asyncio.gather(*(agent(f"bot{i}") for i in range(48)))
     assert violations == []
     assert sum(len(g) for g in grants.values()) > 50
+    if processes > 1:
+        assert all(service.reads > 0 for service in services)  # stale memories were caught and re-read
     for tokens in grants.values():
         assert tokens == sorted(set(tokens))
 
