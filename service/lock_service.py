@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+from prometheus_client import Counter
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
 from domain.decider import decide, fold
@@ -25,6 +26,17 @@ from service.lock_store import AppendPlan, Committed, Idempotency, Snapshot
 from service.state_cache import NewStreamGuess, StateCache
 
 _LoadRequest = tuple[str, str, str | None]  # resource, principal, Idempotency-Key
+
+# Whether remembering pays, per process, on /metrics: commands appended straight from memory, those whose
+# memory proved stale (and read after all), and every read before a decision.
+_FROM_MEMORY = Counter(
+    "lockledger_commands_from_memory_total",
+    "Commands decided on a remembered lock state: appended at once, or refused as stale and read again",
+    ["outcome"],
+)
+_APPENDED_FROM_MEMORY = _FROM_MEMORY.labels("appended")
+_STALE_MEMORY = _FROM_MEMORY.labels("stale")
+_READS = Counter("lockledger_command_reads_total", "Commands that read their lock's state before deciding")
 
 
 def _plan_keys(plan: AppendPlan) -> tuple[tuple[str, ...], ...]:
@@ -155,6 +167,7 @@ class LockService:
         for _ in range(self._retries + 1):
             if self.guard.stalled_for() > 0:
                 raise Unavailable("the database has stopped answering; retry shortly", retry_after_s=1)
+            _READS.inc()
             snapshot = await self._loads.submit((command.resource, ctx.principal, ctx.idempotency_key))
             self._states.put(snapshot.state)
             if snapshot.stored is not None:
@@ -214,8 +227,10 @@ class LockService:
         if guessed_new:
             self._new_streams.record(committed is not None)
         if committed is None:
+            _STALE_MEMORY.inc()
             self._states.forget(command.resource)
             return None
+        _APPENDED_FROM_MEMORY.inc()
         return CommandResult(plan.status_code, committed.response)
 
     async def _commit(self, plan: AppendPlan) -> Committed | None:

@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from domain.commands import Acquire, Command, Release, Renew
 from domain.decider import decide
@@ -57,9 +58,18 @@ async def test_a_lease_this_process_granted_is_renewed_and_released_without_read
     assert service.reads == 0
 
 
+def _metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 async def test_a_stale_memory_costs_a_read_and_never_a_wrong_answer(
     service_pool: asyncpg.Pool, resource: str
 ) -> None:
+    before = {
+        outcome: _metric("lockledger_commands_from_memory_total", outcome=outcome)
+        for outcome in ("appended", "stale")
+    }
+    reads_before = _metric("lockledger_command_reads_total")
     first, second = _service(service_pool), _service(service_pool)
     await first.execute(Acquire(resource, "bot1", 30_000), CommandContext())
     # `first` remembers bot1's lease; through `second` it ends and bot2 takes the lock.
@@ -75,6 +85,12 @@ async def test_a_stale_memory_costs_a_read_and_never_a_wrong_answer(
         await first.execute(Acquire(resource, "bot4", 30_000), CommandContext())
     assert held.value.holder == "bot3"
     assert first.reads == 2
+    # Operators see it on /metrics. From memory: first's guessed-new acquire and second's acquire of the
+    # lock it had just released were appended; first's last acquire (lock last seen free) was stale.
+    # first's release, refused from memory as another owner's, was simply read: no append was tried.
+    assert _metric("lockledger_commands_from_memory_total", outcome="appended") - before["appended"] == 2
+    assert _metric("lockledger_commands_from_memory_total", outcome="stale") - before["stale"] == 1
+    assert _metric("lockledger_command_reads_total") - reads_before == first.reads + second.reads == 4
     assert [t for t, _ in await _events(service_pool, resource)] == [
         "LOCK_ACQUIRED",
         "LOCK_RELEASED",
