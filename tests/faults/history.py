@@ -581,13 +581,18 @@ class Audit:
 async def audit(conn: asyncpg.Connection, prefix: str, operations: Iterable[Operation]) -> Audit:
     """Read every event and lock_state row of the resources under ``prefix``, verify every hash chain in
     the database, and check the history against them."""
-    rows = await conn.fetch(EVENTS_SQL, prefix)
+    # One snapshot for both reads: a reaper still running against the database (this scenario's server,
+    # or another test's) may expire a lease between them, which would look like a projection ahead of
+    # its log.
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        rows = await conn.fetch(EVENTS_SQL, prefix)
+        state_rows = await conn.fetch(LOCK_STATE_SQL, prefix)
     events = [event_from_row(row) for row in rows]
     states = [
         LockStateRecord(
             r["resource"], r["version"], r["status"], r["owner"], r["fencing_token"], r["expires_at"]
         )
-        for r in await conn.fetch(LOCK_STATE_SQL, prefix)
+        for r in state_rows
     ]
     chains = await verify_chains(conn)
     violations = check(list(operations), events, states)
