@@ -17,9 +17,9 @@ async def _reset(conn: Connection) -> None:
     """Return a connection to the pool without asyncpg's default reset round trip.
 
     The default (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``) costs one extra round
-    trip per command. lockledger takes no advisory locks, LISTENs only on dedicated connections, sets no
-    session state after connect, and runs each command as single statements; only an interrupted
-    explicit transaction needs undoing.
+    trip per command. lockledger takes only transaction-scoped advisory locks, LISTENs only on dedicated
+    connections, sets no session state after connect, and runs each command as single statements; only
+    an interrupted explicit transaction needs undoing.
     """
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK")
@@ -31,8 +31,8 @@ async def create_pool(
     """A pool whose sessions run as the service role (or ``role``) with UTC timestamps in JSON, on the
     main database (or ``url``, e.g. a replica for the read-only role).
 
-    The role and time zone are startup parameters, so they survive the ``RESET ALL`` that asyncpg issues
-    when a connection returns to the pool.
+    The role and time zone are startup parameters, so they hold for the connection's whole life whatever
+    a session does; a connection returns to the pool through ``_reset``, not asyncpg's ``RESET ALL``.
     """
     url = url or settings.database_url
     if not url:

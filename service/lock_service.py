@@ -152,10 +152,7 @@ class LockService:
 
     async def execute(self, command: Command, ctx: CommandContext) -> CommandResult:
         """Run ``command`` to a decision that is committed, rejected (DomainError) or replayed."""
-        # Checked here too, not only around each round trip: while the database is stalled, the
-        # coalescers' batches are stuck and a new request would queue behind them, not reach the guard.
-        if self.guard.stalled_for() > 0:
-            raise Unavailable("the database has stopped answering; retry shortly", retry_after_s=1)
+        self._refuse_while_stalled()
         name, fields = _describe(command)
         idempotency = Idempotency(
             ctx.principal, ctx.idempotency_key, fingerprint(name, command.resource, fields)
@@ -164,9 +161,9 @@ class LockService:
         result = await self._execute_unread(command, idempotency, metadata)
         if result is not None:
             return result
-        for _ in range(self._retries + 1):
-            if self.guard.stalled_for() > 0:
-                raise Unavailable("the database has stopped answering; retry shortly", retry_after_s=1)
+        for attempt in range(self._retries + 1):
+            if attempt > 0:  # the first read follows the check above or an answer from the database
+                self._refuse_while_stalled()
             _READS.inc()
             snapshot = await self._loads.submit((command.resource, ctx.principal, ctx.idempotency_key))
             self._states.put(snapshot.state)
@@ -232,6 +229,13 @@ class LockService:
             return None
         _APPENDED_FROM_MEMORY.inc()
         return CommandResult(plan.status_code, committed.response)
+
+    def _refuse_while_stalled(self) -> None:
+        """Checked before a command queues for the database, not only around each round trip: while the
+        database is stalled the coalescers' batches are stuck, and a new request would wait behind them
+        instead of reaching the guard."""
+        if self.guard.stalled_for() > 0:
+            raise Unavailable("the database has stopped answering; retry shortly", retry_after_s=1)
 
     async def _commit(self, plan: AppendPlan) -> Committed | None:
         """Append ``plan`` and remember the state it led to (with the deadline as the database stamped it)."""

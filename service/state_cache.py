@@ -57,19 +57,19 @@ class NewStreamGuess:
     low, one unknown stream in ``probe_every`` is still guessed so the rate can recover.
     """
 
-    __slots__ = ("_misses", "_probe_every", "_weight", "rate")
+    __slots__ = ("_probe_every", "_unguessed", "_weight", "rate")
 
     def __init__(self, weight: float = 0.05, probe_every: int = 32) -> None:
         self._weight = weight
         self._probe_every = probe_every
-        self._misses = 0
+        self._unguessed = 0  # unknown streams read first while the rate was low
         self.rate = 1.0
 
     def should_guess(self) -> bool:
         if self.rate >= 0.5:
             return True
-        self._misses += 1
-        return self._misses % self._probe_every == 0
+        self._unguessed += 1
+        return self._unguessed % self._probe_every == 0
 
     def record(self, held: bool) -> None:
         self.rate += self._weight * ((1.0 if held else 0.0) - self.rate)

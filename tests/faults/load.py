@@ -34,6 +34,17 @@ LATE_COPY = 2
 
 
 @dataclass(frozen=True)
+class Request:
+    """One logical command as sent, under its Idempotency-Key; every attempt and copy resends it."""
+
+    owner: str
+    command: str
+    resource: str
+    body: dict[str, Any]
+    key: str
+
+
+@dataclass(frozen=True)
 class LoadProfile:
     """The shape of the traffic. The defaults keep about two agents per resource, so acquires collide
     and leases change hands several times a second, and TTLs short enough (1-3 s) that a fault of a
@@ -157,7 +168,7 @@ class Load:
         Returns the last request's operation, or None if the load stopped before it was sent."""
         if self._stopping.is_set():
             return None
-        key = str(uuid.uuid4())
+        request = Request(owner, command, resource, body, str(uuid.uuid4()))
         profile = self.profile
         operation: Operation | None = None
         for attempt in range(1, profile.attempts + 1):
@@ -166,64 +177,45 @@ class Load:
                 if time.monotonic() + pause > self._retry_until:
                     break
                 await asyncio.sleep(pause)
-            self._maybe_duplicate(rng, owner, command, resource, body, key, attempt)
-            operation = await self._send(owner, command, resource, body, key, attempt, copy=0)
+            self._maybe_duplicate(rng, request, attempt)
+            operation = await self._send(request, attempt, copy=0)
             if not operation.indeterminate:
                 break
         return operation
 
-    def _maybe_duplicate(
-        self,
-        rng: random.Random,
-        owner: str,
-        command: str,
-        resource: str,
-        body: dict[str, Any],
-        key: str,
-        attempt: int,
-    ) -> None:
+    def _maybe_duplicate(self, rng: random.Random, request: Request, attempt: int) -> None:
         delays: dict[int, float] = {}
         if rng.random() < self.profile.duplicate:
             delays[CONCURRENT_COPY] = rng.uniform(0, 0.03)
         if rng.random() < self.profile.late_duplicate:
             delays[LATE_COPY] = rng.uniform(*self.profile.late_delay_s)
         for copy, delay in delays.items():
-            task = asyncio.create_task(self._copy(delay, owner, command, resource, body, key, attempt, copy))
+            task = asyncio.create_task(self._copy(delay, request, attempt, copy))
             self._copies.add(task)
             task.add_done_callback(self._copies.discard)
 
-    async def _copy(
-        self,
-        delay: float,
-        owner: str,
-        command: str,
-        resource: str,
-        body: dict[str, Any],
-        key: str,
-        attempt: int,
-        copy: int,
-    ) -> None:
+    async def _copy(self, delay: float, request: Request, attempt: int, copy: int) -> None:
         await asyncio.sleep(delay)
-        self.history.fault("late_duplicate" if copy == LATE_COPY else "duplicate", f"{command} {key}")
-        await self._send(owner, command, resource, body, key, attempt, copy)
+        fault = "late_duplicate" if copy == LATE_COPY else "duplicate"
+        self.history.fault(fault, f"{request.command} {request.key}")
+        await self._send(request, attempt, copy)
 
-    async def _send(
-        self,
-        owner: str,
-        command: str,
-        resource: str,
-        body: dict[str, Any],
-        key: str,
-        attempt: int,
-        copy: int,
-    ) -> Operation:
+    async def _send(self, request: Request, attempt: int, copy: int) -> Operation:
         assert self._http is not None
         operation = self.history.invoke(
-            client=owner, command=command, resource=resource, body=body, key=key, attempt=attempt, copy=copy
+            client=request.owner,
+            command=request.command,
+            resource=request.resource,
+            body=request.body,
+            key=request.key,
+            attempt=attempt,
+            copy=copy,
         )
         try:
             response = await self._http.post(
-                f"/v1/locks/{resource}/{command}", json=body, headers={"Idempotency-Key": key}
+                f"/v1/locks/{request.resource}/{request.command}",
+                json=request.body,
+                headers={"Idempotency-Key": request.key},
             )
         except httpx.TransportError as error:  # timeouts, refused and broken connections
             self.history.lose(operation, type(error).__name__)

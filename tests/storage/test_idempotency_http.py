@@ -13,15 +13,20 @@ import json
 import time
 import uuid
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import httpx
 import pytest
 
+if TYPE_CHECKING:
+    from tests.conftest import assert_problem
+else:
+    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
+    from conftest import assert_problem
+
 pytestmark = pytest.mark.storage
 
-PROBLEM_JSON = "application/problem+json"
 PRINCIPAL = "anonymous"  # every caller, until authentication lands
 
 
@@ -54,15 +59,6 @@ async def keyed_metadata(admin_pool: asyncpg.Pool, resource: str, key: str) -> l
         key,
     )
     return [json.loads(row["metadata"]) for row in rows]
-
-
-def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == PROBLEM_JSON
-    body: dict[str, Any] = response.json()
-    assert body["code"] == code
-    assert body["status"] == status
-    return body
 
 
 async def test_sequential_retry_replays_the_stored_response(
