@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from api import commands, health, noop, problems, queries, tokens
 from api.limits import install_limits
-from service import garbage_collection
+from service import garbage_collection, loop_lag
 from service.authenticator import Authenticator
 from service.config import Settings
 from service.database import create_pool
@@ -77,10 +77,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.reaper_enabled:
             reaper = Reaper(pool, settings)
             reaper_task = asyncio.create_task(reaper.run(), name="reaper")
+        lag_watch = asyncio.create_task(loop_lag.watch(), name="event-loop-lag")
         garbage_collection.tune_after_startup()
         try:
             yield
         finally:
+            lag_watch.cancel()
             if reaper is not None and reaper_task is not None:
                 reaper.stop()
                 await reaper_task

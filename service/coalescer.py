@@ -10,11 +10,16 @@ Requests that must not share a batch (two commits on one resource, or under one 
 so through ``keys``; the later one waits for the next batch. If a batch fails as a whole, each of its
 requests is retried alone, so every caller gets exactly the outcome (or the error) of its own request,
 except when the error says the database itself is unreachable (``retry_alone`` is false for it).
+
+``on_batch`` hears of every batch once it is answered: how many requests it held and how many seconds
+it took, retries included. That is what an operator needs to see whether coalescing pays (commands per
+batch) and where a command's time goes (the round trip against the whole request).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
@@ -32,6 +37,7 @@ class Coalescer(Generic[Request, Result]):
         max_batch: int = 256,
         keys: Callable[[Request], Iterable[Hashable]] | None = None,
         retry_alone: Callable[[Exception], bool] = lambda error: True,
+        on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self._run_one = run_one
         self._run_many = run_many
@@ -39,6 +45,7 @@ class Coalescer(Generic[Request, Result]):
         self._max_batch = max_batch
         self._keys = keys
         self._retry_alone = retry_alone
+        self._on_batch = on_batch
         self._pending: list[tuple[Request, asyncio.Future[Result]]] = []
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
@@ -60,7 +67,11 @@ class Coalescer(Generic[Request, Result]):
         """Send batches until nothing waits; the task that finds the queue empty retires."""
         try:
             while self._pending:
-                await self._send(self._take_batch())
+                batch = self._take_batch()
+                started = time.perf_counter()
+                await self._send(batch)
+                if self._on_batch is not None:
+                    self._on_batch(len(batch), time.perf_counter() - started)
         finally:
             self._in_flight -= 1
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
 from domain.decider import decide, fold
@@ -37,6 +38,32 @@ _FROM_MEMORY = Counter(
 _APPENDED_FROM_MEMORY = _FROM_MEMORY.labels("appended")
 _STALE_MEMORY = _FROM_MEMORY.labels("stale")
 _READS = Counter("lockledger_command_reads_total", "Commands that read their lock's state before deciding")
+
+# Where a command's time goes, per process: how many commands share a database round trip, and how long
+# the round trip takes (pool wait and retries included), for reads and for appends.
+_BATCH_SIZE = Histogram(
+    "lockledger_db_batch_size",
+    "Commands answered by one database round trip",
+    ["kind"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+_BATCH_SECONDS = Histogram(
+    "lockledger_db_batch_seconds",
+    "Time from a batch leaving for the database to its answer",
+    ["kind"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+
+
+def _batch_observer(kind: str) -> Callable[[int, float], None]:
+    size = _BATCH_SIZE.labels(kind)
+    seconds = _BATCH_SECONDS.labels(kind)
+
+    def observe(commands: int, elapsed_s: float) -> None:
+        size.observe(commands)
+        seconds.observe(elapsed_s)
+
+    return observe
 
 
 def _plan_keys(plan: AppendPlan) -> tuple[tuple[str, ...], ...]:
@@ -102,6 +129,7 @@ class LockService:
             max_in_flight=in_flight,
             max_batch=batch,
             retry_alone=_about_the_batch,
+            on_batch=_batch_observer("load"),
         )
         self._commits: Coalescer[AppendPlan, Committed | None] = Coalescer(
             self._commit_one,
@@ -110,6 +138,7 @@ class LockService:
             max_batch=batch,
             keys=_plan_keys,
             retry_alone=_about_the_batch,
+            on_batch=_batch_observer("commit"),
         )
 
     @property

@@ -86,3 +86,27 @@ async def test_an_unreachable_database_fails_the_whole_batch_at_once() -> None:
     outcomes = await asyncio.gather(*(coalescer.submit(i) for i in range(20, 30)), return_exceptions=True)
     assert all(isinstance(outcome, RuntimeError) for outcome in outcomes)
     assert backend.batches == []  # nothing was retried one by one
+
+
+async def test_every_batch_is_reported_with_its_size_and_round_trip() -> None:
+    """What operators read on /metrics: commands per batch and each batch's time, retries included."""
+    backend = _Backend()
+    reported: list[tuple[int, float]] = []
+    coalescer: Coalescer[int, int] = Coalescer(
+        backend.one, backend.many, max_in_flight=1, on_batch=lambda n, s: reported.append((n, s))
+    )
+    await asyncio.gather(*(coalescer.submit(i) for i in range(40)))
+    assert [n for n, _ in reported] == [len(batch) for batch in backend.batches]
+    assert sum(n for n, _ in reported) == 40
+    assert all(seconds >= 0.001 for _, seconds in reported)  # each backend call sleeps 1 ms
+
+    failing = _Backend(fail_many=True)
+    reported.clear()
+    coalescer = Coalescer(
+        failing.one, failing.many, max_in_flight=1, on_batch=lambda n, s: reported.append((n, s))
+    )
+    await asyncio.gather(*(coalescer.submit(i) for i in range(20, 30)))
+    # The ten waited together, failed as one batch and were retried alone (concurrently): the report
+    # counts that one batch of ten, with its whole time, the failed attempt and the retries (1 ms each).
+    assert [n for n, _ in reported] == [10]
+    assert reported[0][1] >= 0.002

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
     from tests.conftest import assert_problem
@@ -535,6 +536,34 @@ async def test_health_endpoints(http: httpx.AsyncClient) -> None:
     readyz = await http.get("/readyz")
     assert readyz.status_code == 200
     assert readyz.json() == {"status": "ready"}
+
+
+async def test_metrics_show_database_batches_and_event_loop_lag(
+    http: httpx.AsyncClient, resource: str
+) -> None:
+    """Where a command's time goes, for operators: commands per round trip, the round trip, the loop's
+    lateness (docs/performance.md reads them the same way)."""
+
+    async def samples() -> dict[tuple[str, str], float]:
+        text = (await http.get("/metrics")).text
+        return {
+            (sample.name, sample.labels.get("kind", "")): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    before = await samples()
+    await acquire(http, resource, "bot1")
+    await asyncio.sleep(0.25)  # the lag watcher wakes every 100 ms
+    after = await samples()
+    commit_count = ("lockledger_db_batch_size_count", "commit")
+    assert after[commit_count] - before.get(commit_count, 0) >= 1
+    commit_sum = ("lockledger_db_batch_size_sum", "commit")
+    assert after[commit_sum] - before.get(commit_sum, 0) >= 1
+    assert after[("lockledger_db_batch_seconds_count", "commit")] == after[commit_count]
+    assert after[("lockledger_db_batch_seconds_sum", "commit")] > 0
+    lag_count = ("lockledger_event_loop_lag_seconds_count", "")
+    assert after[lag_count] - before.get(lag_count, 0) >= 1
 
 
 async def test_openapi_lists_every_path(http: httpx.AsyncClient) -> None:
