@@ -11,6 +11,7 @@ from typing import Any
 from bench.recorder import Recorder
 from bench.safety import check_grants
 from bench.sampler import MACHINE, Sampler, usage
+from bench.server_metrics import Samples, inside, scrape
 from bench.stats import summarize_ms
 from bench.targets.base import Target
 from bench.workload import Control, run_agent
@@ -38,14 +39,19 @@ async def run_cell(
     *,
     drain_timeout_s: float,
     seed: int,
+    metrics_url: str | None = None,
 ) -> dict[str, Any]:
-    """Drive the cell and return its JSON object (see report.py for the keys)."""
+    """Drive the cell and return its JSON object (see report.py for the keys). With ``metrics_url`` (a
+    one-worker lockledger server), also what the server's /metrics say of the window."""
     check = target.safety if spec.mode == "hot" else None
     recorder = Recorder(record_grants=check is not None)
     control = Control()
     await target.start_cell(spec.workers)
     sampler = Sampler(process_groups)
     sampler.start()
+    before: Samples = {}
+    scraped = 0.0
+    server_view: dict[str, Any] | None = None
     tasks = [
         asyncio.create_task(
             run_agent(target.agent(i), resources, spec.renews, recorder, control, seed * 100_003 + i)
@@ -54,11 +60,17 @@ async def run_cell(
     ]
     try:
         await asyncio.sleep(spec.warmup_s)
+        if metrics_url is not None:
+            before = await asyncio.to_thread(scrape, metrics_url)
+            scraped = time.perf_counter()
         recorder.active = True
         window_start = time.perf_counter()
         await asyncio.sleep(spec.duration_s)
         recorder.active = False
         window_end = time.perf_counter()
+        if metrics_url is not None:
+            after = await asyncio.to_thread(scrape, metrics_url)
+            server_view = inside(before, after, time.perf_counter() - scraped)
         control.stopping = True
         _, pending = await asyncio.wait(tasks, timeout=drain_timeout_s)
         for task in pending:
@@ -105,6 +117,7 @@ async def run_cell(
             else None
         ),
         "saturated": saturated(used.cpu_pct, spec.server_workers),
+        "inside_server": server_view,
         "target_config": target.describe(),
         "violations": None,
         "safety": None,

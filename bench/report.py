@@ -77,6 +77,42 @@ def cells_table(cells: list[Cell], renews: int, auth: str | None = None) -> Tabl
     return table
 
 
+def inside_table(cells: list[Cell]) -> Table | None:
+    """The server's own view of each window (one-worker lockledger and noop cells), from /metrics."""
+    rows = [cell for cell in cells if cell.get("inside_server")]
+    if not rows:
+        return None
+    table = Table(
+        title="Inside the server (its /metrics over the window): database round trips and event-loop lag",
+        title_justify="left",
+    )
+    for name in ("target", "mode", "W", "commits/s", "cmds/commit", "commit ms", "reads/s", "cmds/read",
+                 "read ms", "loop lag ms mean/p99"):  # fmt: skip
+        table.add_column(name, justify="left" if name in ("target", "mode") else "right")
+    for cell in rows:
+        view = cell["inside_server"]
+        columns: list[str] = []
+        for kind in ("commit", "load"):
+            batches = view[kind]
+            if batches is None:
+                columns += ["-", "-", "-"]
+            else:
+                columns += [
+                    _num(batches["batches_per_s"]),
+                    _num(batches["commands_per_batch"], 1),
+                    _num(batches["batch_ms"], 1),
+                ]
+        lag = view["loop_lag_ms"]
+        table.add_row(
+            cell["target"],
+            cell["mode"],
+            str(cell["workers"]),
+            *columns,
+            "-" if lag is None else f"{lag['mean']:.1f}/{lag['p99']:.1f}",
+        )
+    return table
+
+
 def ratios_table(ratios: list[dict[str, Any]]) -> Table:
     table = Table(
         title="lockledger's cycles/s against each baseline (same mode, same W)", title_justify="left"
@@ -112,6 +148,8 @@ def goals_table(checks: list[dict[str, Any]]) -> Table:
 
 def print_report(console: Console, cells: list[Cell], summary: dict[str, Any], renews: int) -> None:
     console.print(cells_table(cells, renews, summary["environment"].get("auth")))
+    if (inside := inside_table(cells)) is not None:
+        console.print(inside)
     if summary["ratios"]:
         console.print(ratios_table(summary["ratios"]))
     if summary["goals"]:

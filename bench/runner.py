@@ -257,6 +257,7 @@ class BenchRun:
             self._groups(server),
             drain_timeout_s=config.drain_timeout_s,
             seed=config.seed,
+            metrics_url=f"{server.base_url}/metrics" if http and server and server.workers == 1 else None,
         )
         if http:
             await target.close()

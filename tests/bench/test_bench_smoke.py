@@ -27,7 +27,7 @@ CELL_KEYS = {
     "type", "target", "mode", "resources", "workers", "server_workers", "renews", "duration_s",
     "cycles", "cycles_per_s", "conflicts", "conflicts_per_s", "requests", "errors", "error_samples",
     "latency_ms", "server_cpu_pct", "server_peak_rss_mb", "pg_cpu_pct", "loadgen_cpu_pct",
-    "loadgen_cpu_ms_per_request", "other_cpu_pct", "violations", "safety", "http_client",
+    "loadgen_cpu_ms_per_request", "other_cpu_pct", "violations", "safety", "http_client", "inside_server",
 }  # fmt: skip
 SUMMARY_KEYS = {"type", "ratios", "goals", "errors", "violations", "notes", "environment", "config"}
 ENVIRONMENT_KEYS = {"cpu_count", "python", "postgresql", "git_commit", "http_client", "auth", "agent_tokens"}
@@ -66,6 +66,16 @@ def test_quick_bench_measures_every_target_without_errors(database_url: str, tmp
             assert cell["server_peak_rss_mb"] > 0, where
             assert cell["http_client"] in ("httptools", "aiohttp"), where
             assert cell["target_config"]["auth"] == AUTH, where
+            # The server's own view of the window: the lock commands went to the database in batches,
+            # the no-op twin never did; both show the event loop's lag.
+            inside = cell["inside_server"]
+            assert inside["loop_lag_ms"]["wakeups"] > 0, where
+            if cell["target"] == "lockledger":
+                assert inside["commit"]["commands_per_batch"] >= 1, where
+                assert inside["commit"]["batch_ms"] > 0, where
+            else:
+                assert inside["commit"] is None, where
+                assert inside["load"] is None, where
 
     records = read(out)
     assert [r["type"] for r in records] == ["cell"] * len(cells) + ["summary"]
