@@ -18,6 +18,7 @@ from domain.events import Event, LockForceReleased
 from domain.resource import TtlBounds
 from domain.state import LockState, initial_state
 from service import lock_store
+from service.appends_in_flight import AppendsInFlight
 from service.coalescer import Coalescer
 from service.database import connection
 from service.database_guard import DatabaseGuard, is_unreachable
@@ -120,6 +121,7 @@ class LockService:
         self._remembers = state_cache_size > 0
         self._states = StateCache(state_cache_size)
         self._new_streams = NewStreamGuess()
+        self._appending = AppendsInFlight()
         # Batches of one make a coalescer a plain pass-through (for measuring what coalescing gains).
         batch = 256 if coalesce else 1
         in_flight = 4 if coalesce else pool.get_max_size()
@@ -187,6 +189,8 @@ class LockService:
             ctx.principal, ctx.idempotency_key, fingerprint(name, command.resource, fields)
         )
         metadata = _metadata(name, ctx)
+        if self._appending.busy(command.resource):
+            await self._appending.settled(command.resource)
         result = await self._execute_unread(command, idempotency, metadata)
         if result is not None:
             return result
@@ -268,9 +272,14 @@ class LockService:
 
     async def _commit(self, plan: AppendPlan) -> Committed | None:
         """Append ``plan`` and remember the state it led to (with the deadline as the database stamped it)."""
-        committed = await self._commits.submit(plan)
-        if committed is not None:
-            self._states.put(plan.new_state.with_deadline(committed.expires_at))
+        resource = plan.new_state.resource
+        self._appending.begin(resource)
+        try:
+            committed = await self._commits.submit(plan)
+            if committed is not None:
+                self._states.put(plan.new_state.with_deadline(committed.expires_at))
+        finally:
+            self._appending.end(resource)
         return committed
 
 

@@ -155,6 +155,30 @@ async def test_after_a_restart_existing_locks_are_read_and_the_guess_backs_off(
     assert restarted._new_streams.rate < 0.5
 
 
+async def test_concurrent_acquires_of_one_lock_wait_for_the_grant_instead_of_racing_it(
+    service_pool: asyncpg.Pool, resource: str
+) -> None:
+    """A hot lock: 20 agents ask for it at once through one process. The first is granted; the others
+    wait for that append, then see a held lock (remembered), read it and are refused. None is decided
+    on the state before the grant, which the append would refuse as stale (a wasted round trip)."""
+    service = _service(service_pool)
+    stale_before = _metric("lockledger_commands_from_memory_total", outcome="stale")
+
+    async def agent(i: int) -> str:
+        try:
+            result = await service.execute(Acquire(resource, f"bot{i}", 30_000), CommandContext())
+        except LockHeld as held:
+            return f"held by {held.holder}"
+        return f"granted {json.loads(result.body)['fencing_token']}"
+
+    outcomes = await asyncio.gather(*(agent(i) for i in range(20)))
+    assert outcomes[0] == "granted 1"
+    assert outcomes[1:] == ["held by bot0"] * 19
+    assert _metric("lockledger_commands_from_memory_total", outcome="stale") == stale_before
+    assert service.reads == 19  # each refusal read once (a refusal is never answered from memory)
+    assert [t for t, _ in await _events(service_pool, resource)] == ["LOCK_ACQUIRED"]
+
+
 @dataclass(frozen=True)
 class Step:
     service: int
