@@ -57,21 +57,16 @@ def _migrate(url: str) -> None:
     console.print("[green]schema migrated to head[/green]")
 
 
-def _run_uvicorn(target: Any, **options: Any) -> None:
-    """uvicorn without per-request work the service does not need: access lines (structlog and /metrics
-    cover it), proxy header rewriting (no proxy in front by default), Server and Date headers."""
-    import uvicorn
-
-    uvicorn.run(
-        target,
-        # httptools keeps an unfinished request head in memory without bound; this one answers 431.
-        http="api.limits:HeaderCappedHttpToolsProtocol",
-        access_log=False,
-        proxy_headers=False,
-        server_header=False,
-        date_header=False,
-        **options,
-    )
+# uvicorn without per-request work the service does not need: access lines (structlog and /metrics cover
+# it), proxy header rewriting (no proxy in front by default), Server and Date headers; and httptools with
+# a cap on unfinished request heads (it holds one in memory without bound; this protocol answers 431).
+_UVICORN_OPTIONS: dict[str, Any] = {
+    "http": "api.limits:HeaderCappedHttpToolsProtocol",
+    "access_log": False,
+    "proxy_headers": False,
+    "server_header": False,
+    "date_header": False,
+}
 
 
 @app.command()
@@ -124,16 +119,27 @@ def serve(
             "  authentication: on; create a token with "
             "`lockledger tokens create --name NAME --role agent|dashboard|investigator|admin`"
         )
+    import uvicorn
+
     if workers == 1:
-        _run_uvicorn(create_app(settings), host=host, port=port, log_level=log_level)
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, **_UVICORN_OPTIONS)
         return
+    from lockledger.workers import Supervisor
+
     # Worker processes build their app from the environment; each runs a reaper (they share the work).
     os.environ[DATABASE_URL_ENV] = url
     os.environ["LOCKLEDGER_REAPER_ENABLED"] = "true" if reaper else "false"
     os.environ["LOCKLEDGER_DEV_MODE"] = "true" if dev else "false"
-    _run_uvicorn(
-        "api.app:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level
+    config = uvicorn.Config(
+        "api.app:create_app", factory=True, host=host, port=port, log_level=log_level, **_UVICORN_OPTIONS
     )
+    try:
+        status = Supervisor(config, workers).run()
+    except OSError as error:  # the port is taken
+        console.print(f"[red]cannot serve on {host}:{port}: {error.strerror}[/red]")
+        raise typer.Exit(1) from error
+    if status:
+        raise typer.Exit(status)
 
 
 @app.command("reaper")

@@ -178,6 +178,7 @@ class ServerProcess:
     env_overrides: dict[str, str]
     log_path: Path | None = None  # where its stderr goes (appended across restarts); discarded when None
     process: subprocess.Popen[bytes] | None = None
+    workers: int = 1
 
     @property
     def base_url(self) -> str:
@@ -200,7 +201,16 @@ class ServerProcess:
         log = self.log_path.open("ab") if self.log_path is not None else None
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "lockledger", "serve", "--port", str(self.port)],
+                [
+                    sys.executable,
+                    "-m",
+                    "lockledger",
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    str(self.workers),
+                ],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=log or subprocess.DEVNULL,
