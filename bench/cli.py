@@ -35,6 +35,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}")
+    return value
+
+
 def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
     defaults = BenchConfig()
     p = argparse.ArgumentParser(
@@ -106,6 +116,13 @@ def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
     )
     p.add_argument("--redis-url", default=defaults.redis_url, help="default: %(default)s")
     p.add_argument("--seed", type=int, default=defaults.seed, help="agents' random seed (default: 1)")
+    p.add_argument(
+        "--repeat",
+        type=_positive,
+        default=defaults.repeat,
+        help="run every cell K times, interleaved across targets, and report each cell's median run "
+        "(default: 1)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke mode: W=4, 2 s cells, both resource modes")
     return p  # fmt: skip
 
@@ -126,6 +143,7 @@ def config_from_args(argv: list[str] | None = None, prog: str = "python -m bench
         pool_size=args.pool_size,
         redis_url=args.redis_url,
         seed=args.seed,
+        repeat=args.repeat,
     )
     if args.quick:
         config = quick_config(config)

@@ -30,6 +30,7 @@ class BenchConfig:
     drain_timeout_s: float = 15.0
     redis_url: str = "redis://127.0.0.1:6379/0"
     seed: int = 1
+    repeat: int = 1  # runs of every cell, interleaved; the median run stands for the cell (repeats.py)
     quick: bool = False
 
     def resources(self, mode: str) -> int:

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bench.repeats import median_cells
+
 Cell = dict[str, Any]
 SHORT = {"server": "srv", "loadgen": "LG", "machine": "box"}
 
@@ -25,8 +27,15 @@ def _lat(cell: Cell, command: str) -> str:
     return f"{lat['p50']:.1f}/{lat['p95']:.1f}/{lat['p99']:.1f}"
 
 
+def _runs(cell: Cell) -> str:
+    """Every run's cycles/s, lowest to highest, when the cell was repeated (the median one is shown)."""
+    runs = cell.get("cycles_per_s_runs")
+    return " ".join(_num(r) for r in runs) if runs else "-"
+
+
 def cells_table(cells: list[Cell], renews: int, auth: str | None = None) -> Table:
     authenticated = f"; HTTP agents authenticate ({auth}, one API token each)" if auth else ""
+    repeated = any("runs" in cell for cell in cells)
     table = Table(
         title=f"lockledger bench: every cell (latency ms p50/p95/p99; CPU in % of one core{authenticated})",
         title_justify="left",
@@ -37,6 +46,7 @@ def cells_table(cells: list[Cell], renews: int, auth: str | None = None) -> Tabl
         ("mode", "left"),
         ("W", "right"),
         ("cycles/s", "right"),
+        *((("runs: cycles/s", "right"),) if repeated else ()),
         ("confl/s", "right"),
         ("err", "right"),
         ("acquire", "right"),
@@ -60,6 +70,7 @@ def cells_table(cells: list[Cell], renews: int, auth: str | None = None) -> Tabl
             cell["mode"],
             str(cell["workers"]),
             _num(cell["cycles_per_s"]),
+            *((_runs(cell),) if repeated else ()),
             _num(cell["conflicts_per_s"]),
             f"[red]{cell['errors']}[/red]" if cell["errors"] else "0",
             _lat(cell, "acquire"),
@@ -147,6 +158,8 @@ def goals_table(checks: list[dict[str, Any]]) -> Table:
 
 
 def print_report(console: Console, cells: list[Cell], summary: dict[str, Any], renews: int) -> None:
+    """The tables; with ``--repeat`` each cell is its median run (as the ratios and goals are)."""
+    cells = median_cells(cells)
     console.print(cells_table(cells, renews, summary["environment"].get("auth")))
     if (inside := inside_table(cells)) is not None:
         console.print(inside)

@@ -30,6 +30,7 @@ from bench.environment import environment
 from bench.http_client import make_client
 from bench.output import JsonLines, default_path
 from bench.ratios import check_goals, compute_ratios
+from bench.repeats import median_cells
 from bench.server import LockledgerServer
 from bench.targets.base import Target
 from bench.targets.http_api import LOCKS_PREFIX, NOOP_PREFIX, HttpLockTarget
@@ -144,7 +145,7 @@ class BenchRun:
         config = self.config
         http = [t for t in config.targets if t in HTTP_TARGETS]
         other = [t for t in config.targets if t not in HTTP_TARGETS]
-        per_pass = len(config.modes) * len(config.workers)
+        per_pass = len(config.modes) * len(config.workers) * config.repeat
         return per_pass * (len(http) * len(config.server_workers) + len(other))
 
     async def run(self) -> dict[str, Any]:
@@ -170,9 +171,12 @@ class BenchRun:
                     await self._calibrate(server)
                 for mode in config.modes:
                     for workers in config.workers:
-                        for name in targets:
-                            done += 1
-                            await self._cell(name, mode, workers, server_workers, server, done, total)
+                        for round_index in range(config.repeat):
+                            for name in targets:
+                                done += 1
+                                await self._cell(
+                                    name, mode, workers, server_workers, server, done, total, round_index
+                                )
             finally:
                 if server is not None:
                     await asyncio.to_thread(server.stop)
@@ -221,6 +225,7 @@ class BenchRun:
         server: LockledgerServer | None,
         done: int,
         total: int,
+        round_index: int = 0,
     ) -> None:
         config = self.config
         http = name in HTTP_TARGETS
@@ -245,6 +250,8 @@ class BenchRun:
             assert server is not None
             await self._ensure_server(server)
         where = f" (server workers {server_workers})" if http else ""
+        if config.repeat > 1:
+            where += f", run {round_index + 1} of {config.repeat}"
         self.console.print(
             f"[{done}/{total}] {name} {mode} R={spec.resources:,} W={workers}{where}: "
             f"{config.warmup_s:g} s warm-up + {config.duration_s:g} s",
@@ -269,6 +276,7 @@ class BenchRun:
                     "log": str(server.log_path),
                 }
         cell["http_client"] = self.http_client if http else None
+        cell["round"] = round_index
         self.cells.append(cell)
         self.out.write(cell)
         viol = "" if cell["violations"] is None else f", {cell['violations']} violations"
@@ -291,7 +299,8 @@ class BenchRun:
 
     def _summary(self) -> dict[str, Any]:
         self._contention_note()
-        ratios = compute_ratios(self.cells)
+        reported = median_cells(self.cells)
+        ratios = compute_ratios(reported)
         config = asdict(self.config)
         config["out"] = str(self.out.path)
         config["database_url"] = "given" if self.config.database_url else None
@@ -313,7 +322,7 @@ class BenchRun:
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "cells": len(self.cells),
             "ratios": ratios,
-            "goals": check_goals(self.cells, ratios),
+            "goals": check_goals(reported, ratios, every_run=self.cells),
             "errors": sum(c["errors"] for c in self.cells),
             "violations": sum(c["violations"] or 0 for c in self.cells),
             "notes": self.notes,
