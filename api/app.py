@@ -83,6 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             lag_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lag_watch
             if reaper is not None and reaper_task is not None:
                 reaper.stop()
                 await reaper_task
