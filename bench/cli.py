@@ -36,13 +36,10 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}")
-    return value
+    values = _ints(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"one positive integer, not {text!r}")
+    return values[0]
 
 
 def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
