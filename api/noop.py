@@ -14,13 +14,36 @@ from datetime import UTC, datetime, timedelta
 
 from fastapi import APIRouter
 from fastapi.responses import Response
+from starlette.routing import Match
+from starlette.types import Scope
 
 from api.command_route import CommandRoute
 from api.commands import Holder, lease_owner
 from api.dependencies import ResourcePath
 from api.models import AcquireRequest, ReleaseRequest, RenewRequest
 
-router = APIRouter(prefix="/v1/noop", tags=["benchmark"], include_in_schema=False, route_class=CommandRoute)
+
+class _OwnPathsOnly(APIRouter):
+    """A router that turns away a path outside its prefix at once, instead of trying each of its routes.
+
+    The twin is mounted first, where the commands are when it is absent, so that it is matched as cheaply
+    as they are in production; this keeps it from charging the real commands, matched after it in a
+    benchmark, for trying its routes too (about 10 µs per request on the bench machine).
+    """
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        path: str = scope["path"]
+        root_path: str = scope.get("root_path", "")
+        if root_path and path.startswith(root_path):
+            path = path[len(root_path) :]
+        if not path.startswith(self.prefix + "/"):
+            return Match.NONE, {}
+        return super().matches(scope)
+
+
+router = _OwnPathsOnly(
+    prefix="/v1/noop", tags=["benchmark"], include_in_schema=False, route_class=CommandRoute
+)
 
 _tokens = itertools.count(1)
 
