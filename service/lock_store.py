@@ -364,22 +364,20 @@ async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committ
     Any error (a key or stream taken concurrently, a deadlock with another writer) fails the whole
     statement, which then wrote nothing: the caller retries the plans one by one.
     """
-    columns: list[list[Any]] = [[] for _ in range(18)]
-    event_columns: list[list[Any]] = [[] for _ in range(4)]
+    if not plans:
+        return []
+    commands: list[tuple[Any, ...]] = []  # a row per plan, in COMMIT_MANY_SQL's $1..$18 order
+    events: list[tuple[Any, ...]] = []  # a row per event, in its $19..$22 order
     for number, plan in enumerate(plans, start=1):
         p = _parameters(plan)
-        per_command: tuple[Any, ...] = (  # in COMMIT_MANY_SQL's $1..$18 order
+        commands.append((
             p.resource, p.expected_version, p.require_live, p.grant_ttl_ms, len(p.event_types), p.status,
             p.owner, p.fencing_token, p.ttl_ms, p.ended_expires_at, p.ended_by, p.principal, p.key,
             p.fingerprint, p.status_code, p.response, p.metadata, "LOCK_ACQUIRED" in p.event_types,
-        )  # fmt: skip
-        for column, value in zip(columns, per_command, strict=True):
-            column.append(value)
-        events = zip(p.event_types, p.event_data, strict=True)
-        for ordinal, (event_type, payload) in enumerate(events, start=1):
-            values: tuple[Any, ...] = (number, ordinal, event_type, payload)
-            for column, value in zip(event_columns, values, strict=True):
-                column.append(value)
-    rows = await conn.fetch(COMMIT_MANY_SQL, *columns, *event_columns)
+        ))  # fmt: skip
+        for ordinal, event in enumerate(zip(p.event_types, p.event_data, strict=True), start=1):
+            events.append((number, ordinal, *event))
+    # Rows turned into one array per column (asyncpg takes the tuples as arrays).
+    rows = await conn.fetch(COMMIT_MANY_SQL, *zip(*commands, strict=True), *zip(*events, strict=True))
     by_command = {row["cmd"]: Committed(row["response"], row["expires_at"]) for row in rows}
     return [by_command.get(number) for number in range(1, len(plans) + 1)]

@@ -146,6 +146,20 @@ async def test_a_batch_that_fails_writes_nothing(
         )
 
 
+async def test_a_batch_of_one_and_of_none(service_pool: asyncpg.Pool, unique_prefix: str) -> None:
+    async with service_pool.acquire() as conn:
+        assert await lock_store.commit_many(conn, []) == []
+        resource = f"{unique_prefix}alone"
+        state, now = await _state(conn, resource)
+        plan = _plan(state, Acquire(resource, "bot1", 30_000), now)
+        [committed] = await lock_store.commit_many(conn, [plan])
+        assert committed is not None
+        body = json.loads(committed.response)
+        assert body["resource"] == resource
+        assert committed.expires_at is not None
+        assert datetime.fromisoformat(body["expires_at"]) == committed.expires_at
+
+
 @pytest.mark.parametrize("processes", [1, 3], ids=["one-service", "three-services"])
 async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
     service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str, processes: int
