@@ -12,7 +12,7 @@ collector to find). So the objects that exist once the app has started (modules,
 pools) are frozen out of every scan, and the oldest generation is scanned a hundred times less often.
 
 The youngest generation is scanned once 10,000 more objects are alive than at its last scan, not 700.
-With 64 requests in flight, 700 was reached several hundred times a second by objects that were about to
+With 64 requests in flight, 700 was reached over a hundred times a second by objects that were about to
 be freed anyway, and each scan walked every request's live objects: about 7 % of the server's CPU at
 W = 64. At 10,000, a benchmark cell of 25,000 commands triggers two scans. Cycles are still reclaimed,
 only later, and at most about 10,000 objects wait for it.
