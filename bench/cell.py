@@ -85,6 +85,7 @@ async def run_cell(
     window = window_end - window_start
     used = usage(samples, window_start, window_end)
     loadgen_cpu = used.cpu_pct.get("loadgen")
+    cell_server_cpu = used.cpu_pct.get("server") if spec.server_workers else None
     cell: dict[str, Any] = {
         "type": "cell",
         "target": spec.target,
@@ -104,7 +105,7 @@ async def run_cell(
         "errors": recorder.errors,
         "error_samples": dict(recorder.error_kinds),
         "latency_ms": {c: summarize_ms(recorder.latencies[c]) for c in LATENCY_COMMANDS},
-        "server_cpu_pct": used.cpu_pct.get("server") if spec.server_workers else None,
+        "server_cpu_pct": cell_server_cpu,
         "server_peak_rss_mb": used.peak_rss_mb.get("server") if spec.server_workers else None,
         "pg_cpu_pct": used.cpu_pct.get("postgres"),
         "redis_cpu_pct": used.cpu_pct.get("redis") if spec.target == "redis" else None,
@@ -112,10 +113,11 @@ async def run_cell(
         "machine_cpu_pct": used.cpu_pct.get(MACHINE),
         "other_cpu_pct": _others(used.cpu_pct),
         "loadgen_cpu_ms_per_request": (
-            round(loadgen_cpu / 100 * used.window_s * 1e3 / recorder.requests, 4)
+            round(loadgen_cpu / 100 * window * 1e3 / recorder.requests, 4)
             if loadgen_cpu is not None and recorder.requests
             else None
         ),
+        "server_cpu_us_per_request": _per_request_us(cell_server_cpu, window, recorder.requests),
         "saturated": saturated(used.cpu_pct, spec.server_workers),
         "inside_server": server_view,
         "target_config": target.describe(),
@@ -133,6 +135,16 @@ async def run_cell(
             "examples": report.examples,
         }
     return cell
+
+
+def _per_request_us(cpu_pct: float | None, window_s: float, requests: int) -> float | None:
+    """The server's CPU per HTTP request, in µs: its mean CPU rate over the samples inside the window
+    times the window the requests were counted in. Steadier than cycles/s from one run to the next on a
+    shared machine, and what a ratio between two endpoints of one server comes down to once both keep it
+    busy: a closed loop's throughput also moves with latency, this does not."""
+    if cpu_pct is None or not requests:
+        return None
+    return round(cpu_pct / 100 * window_s * 1e6 / requests, 1)
 
 
 def _others(cpu: dict[str, float | None]) -> float | None:

@@ -28,6 +28,7 @@ CELL_KEYS = {
     "cycles", "cycles_per_s", "conflicts", "conflicts_per_s", "requests", "errors", "error_samples",
     "latency_ms", "server_cpu_pct", "server_peak_rss_mb", "pg_cpu_pct", "loadgen_cpu_pct",
     "loadgen_cpu_ms_per_request", "other_cpu_pct", "violations", "safety", "http_client", "inside_server",
+    "server_cpu_us_per_request",
 }  # fmt: skip
 SUMMARY_KEYS = {"type", "ratios", "goals", "errors", "violations", "notes", "environment", "config"}
 ENVIRONMENT_KEYS = {"cpu_count", "python", "postgresql", "git_commit", "http_client", "auth", "agent_tokens"}
@@ -63,6 +64,9 @@ def test_quick_bench_measures_every_target_without_errors(database_url: str, tmp
             assert cell["safety"]["grants_checked"] >= cell["cycles"], where
         if cell["target"] in ("lockledger", "noop"):
             assert cell["server_cpu_pct"] is not None, where
+            # The server's CPU per request is its CPU over the window, shared out over the requests.
+            per_request_s = cell["server_cpu_pct"] / 100 * cell["duration_s"] / cell["requests"]
+            assert cell["server_cpu_us_per_request"] == pytest.approx(per_request_s * 1e6, rel=0.05), where
             assert cell["server_peak_rss_mb"] > 0, where
             assert cell["http_client"] in ("httptools", "aiohttp"), where
             assert cell["target_config"]["auth"] == AUTH, where
