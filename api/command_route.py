@@ -18,7 +18,6 @@ has any other shape is refused when the app is built, not served differently.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from email.message import Message
 from typing import Annotated, Any
 
@@ -31,13 +30,14 @@ from pydantic import BaseModel, ValidationError
 from api.auth import authorize
 from domain.access import Action, Principal
 from domain.resource import RESOURCE_MAX_LENGTH, is_valid_resource
+from domain.value import value
 from service.idempotency import MAX_KEY_LENGTH
 from service.lock_service import CommandContext, LockService
 
 _TRACE_MAX_LENGTH = 200  # X-Correlation-ID, X-Causation-ID
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CommandCall:
     """Who sends a command, the context it ties into, and the service that runs it."""
 

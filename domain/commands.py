@@ -6,17 +6,17 @@ into a deadline, so client clock skew can neither extend nor shorten it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from domain.value import value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Acquire:
     resource: str
     owner: str
     ttl_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Renew:
     """The heartbeat. ``ttl_ms=None`` keeps the TTL the lease was granted with."""
 
@@ -26,21 +26,21 @@ class Renew:
     ttl_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Release:
     resource: str
     owner: str
     fencing_token: int
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Expire:
     """Issued by the reaper for a lease whose deadline has passed."""
 
     resource: str
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ForceRelease:
     """An operator ends whatever lease is live, e.g. for a robot that was powered off by hand."""
 

@@ -6,9 +6,10 @@ stream determines the lock's state without reading older ones (projections and r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from domain.value import value
 
 LOCK_ACQUIRED = "LOCK_ACQUIRED"
 LOCK_RENEWED = "LOCK_RENEWED"
@@ -17,7 +18,7 @@ LOCK_EXPIRED = "LOCK_EXPIRED"
 LOCK_FORCE_RELEASED = "LOCK_FORCE_RELEASED"
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LockAcquired:
     resource: str
     owner: str
@@ -27,7 +28,7 @@ class LockAcquired:
     type: str = LOCK_ACQUIRED
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LockRenewed:
     resource: str
     owner: str
@@ -37,7 +38,7 @@ class LockRenewed:
     type: str = LOCK_RENEWED
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LockReleased:
     resource: str
     owner: str
@@ -46,7 +47,7 @@ class LockReleased:
     type: str = LOCK_RELEASED
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LockExpired:
     resource: str
     owner: str
@@ -55,7 +56,7 @@ class LockExpired:
     type: str = LOCK_EXPIRED
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LockForceReleased:
     resource: str
     owner: str

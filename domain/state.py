@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
+
+from domain.value import value
 
 Status = Literal["held", "free"]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LockState:
     """What a decision needs to know about a lock.
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +16,7 @@ from domain.errors import DomainError
 from domain.events import Event, LockForceReleased
 from domain.resource import TtlBounds
 from domain.state import LockState, initial_state
+from domain.value import value
 from service import lock_store
 from service.appends_in_flight import AppendsInFlight
 from service.coalescer import Coalescer
@@ -82,7 +82,7 @@ def _about_the_batch(error: Exception) -> bool:
     return not (is_unreachable(error) or isinstance(error, Unavailable))
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CommandContext:
     """Who asks, and how the request ties into a wider flow (stored in each event's metadata)."""
 
@@ -93,7 +93,7 @@ class CommandContext:
     saga_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CommandResult:
     status_code: int
     body: str  # JSON, byte for byte what a replay of the same Idempotency-Key returns

@@ -19,7 +19,6 @@ statement per shape, cached by asyncpg. The tables it touches are defined in ``*
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -28,6 +27,7 @@ from pydantic_core import to_json
 
 from domain.events import GRANTING_EVENTS, Event, event_payload
 from domain.state import LockState
+from domain.value import value
 from eventstore.connection import Connection
 from projections.schema import lock_state_from_row
 
@@ -123,7 +123,7 @@ COMMIT_EXISTING_SQL = _EXISTING_HEAD + _APPEND_TAIL
 COMMIT_NEW_SQL = _NEW_HEAD + _APPEND_TAIL
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class StoredOutcome:
     """What an Idempotency-Key already produced."""
 
@@ -132,21 +132,21 @@ class StoredOutcome:
     response: str
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Snapshot:
     db_now: datetime
     state: LockState
     stored: StoredOutcome | None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Idempotency:
     principal: str
     key: str | None
     fingerprint: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class AppendPlan:
     """A decision ready to be committed: the events, the state they lead to, and the response."""
 
@@ -160,7 +160,7 @@ class AppendPlan:
     idempotency: Idempotency
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Committed:
     response: str  # the JSON body, byte for byte what the Idempotency-Key record holds
     expires_at: datetime | None  # the lease deadline as stored (a grant's is stamped by the statement)
