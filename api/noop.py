@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from fastapi import APIRouter
 from fastapi.responses import Response
+from starlette._utils import get_route_path
 from starlette.routing import Match
 from starlette.types import Scope
 
@@ -32,11 +33,8 @@ class _OwnPathsOnly(APIRouter):
     """
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        path: str = scope["path"]
-        root_path: str = scope.get("root_path", "")
-        if root_path and path.startswith(root_path):
-            path = path[len(root_path) :]
-        if not path.startswith(self.prefix + "/"):
+        # The path as the routes see it (a proxy's root path removed), by the function they match with.
+        if not get_route_path(scope).startswith(self.prefix + "/"):
             return Match.NONE, {}
         return super().matches(scope)
 

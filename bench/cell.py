@@ -112,12 +112,8 @@ async def run_cell(
         "loadgen_cpu_pct": loadgen_cpu,
         "machine_cpu_pct": used.cpu_pct.get(MACHINE),
         "other_cpu_pct": _others(used.cpu_pct),
-        "loadgen_cpu_ms_per_request": (
-            round(loadgen_cpu / 100 * window * 1e3 / recorder.requests, 4)
-            if loadgen_cpu is not None and recorder.requests
-            else None
-        ),
-        "server_cpu_us_per_request": _per_request_us(cell_server_cpu, window, recorder.requests),
+        "loadgen_cpu_ms_per_request": _cpu_per_request(loadgen_cpu, window, recorder.requests, 1e3, 4),
+        "server_cpu_us_per_request": _cpu_per_request(cell_server_cpu, window, recorder.requests, 1e6, 1),
         "saturated": saturated(used.cpu_pct, spec.server_workers),
         "inside_server": server_view,
         "target_config": target.describe(),
@@ -137,14 +133,18 @@ async def run_cell(
     return cell
 
 
-def _per_request_us(cpu_pct: float | None, window_s: float, requests: int) -> float | None:
-    """The server's CPU per HTTP request, in µs: its mean CPU rate over the samples inside the window
-    times the window the requests were counted in. Steadier than cycles/s from one run to the next on a
-    shared machine, and what a ratio between two endpoints of one server comes down to once both keep it
-    busy: a closed loop's throughput also moves with latency, this does not."""
+def _cpu_per_request(
+    cpu_pct: float | None, window_s: float, requests: int, unit: float, digits: int
+) -> float | None:
+    """A process's CPU per request, in ``1/unit`` seconds: its mean CPU rate over the samples inside the
+    window times the window the requests were counted in.
+
+    For the server this is steadier than cycles/s from one run to the next on a shared machine, and what
+    a ratio between two endpoints of one server comes down to once both keep it busy: a closed loop's
+    throughput also moves with latency, this does not."""
     if cpu_pct is None or not requests:
         return None
-    return round(cpu_pct / 100 * window_s * 1e6 / requests, 1)
+    return round(cpu_pct / 100 * window_s * unit / requests, digits)
 
 
 def _others(cpu: dict[str, float | None]) -> float | None:

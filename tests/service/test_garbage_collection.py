@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Iterator
+
+import pytest
 
 from service import garbage_collection
 
@@ -14,42 +17,46 @@ class _Node:
     other: object = None
 
 
-def test_startup_objects_are_frozen_and_both_ends_of_the_generations_are_scanned_rarely() -> None:
+@pytest.fixture
+def tuned() -> Iterator[tuple[int, int, int]]:
+    """The collector tuned as at startup; the thresholds before, restored afterwards with the freeze."""
     before = gc.get_threshold()
     try:
         garbage_collection.tune_after_startup()
-        assert gc.get_freeze_count() > 0
-        young, middle, oldest = gc.get_threshold()
-        assert young == garbage_collection.YOUNG_GENERATION_AFTER > before[0]
-        assert middle == before[1]
-        assert oldest == garbage_collection.OLDEST_GENERATION_EVERY
-        # Cycles created afterwards are still reclaimed by the young generations.
-        cycle: list[object] = []
-        cycle.append(cycle)
-        del cycle
-        assert gc.collect(0) >= 1
+        yield before
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
 
 
+def test_startup_objects_are_frozen_and_both_ends_of_the_generations_are_scanned_rarely(
+    tuned: tuple[int, int, int],
+) -> None:
+    before = tuned
+    assert gc.get_freeze_count() > 0
+    young, middle, oldest = gc.get_threshold()
+    assert young == garbage_collection.YOUNG_GENERATION_AFTER > before[0]
+    assert middle == before[1]
+    assert oldest == garbage_collection.OLDEST_GENERATION_EVERY
+    # Cycles created afterwards are still reclaimed by the young generations.
+    cycle: list[object] = []
+    cycle.append(cycle)
+    del cycle
+    assert gc.collect(0) >= 1
+
+
+@pytest.mark.usefixtures("tuned")
 def test_cycles_are_still_reclaimed_without_anyone_asking() -> None:
-    before = gc.get_threshold()
-    try:
-        garbage_collection.tune_after_startup()
-        node = _Node()
-        node.other = node
-        watched = weakref.ref(node)
-        del node
-        # Garbage cycles made afterwards push the young generation past its threshold; its scans (and
-        # the middle generation's, in case the node was promoted) must find the node on their own.
-        made = 0
-        while watched() is not None and made < 12 * garbage_collection.YOUNG_GENERATION_AFTER:
-            garbage: list[object] = []
-            garbage.append(garbage)
-            made += 1
-        assert watched() is None
-        assert made > 0
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*before)
+    node = _Node()
+    node.other = node
+    watched = weakref.ref(node)
+    del node
+    # Garbage cycles made afterwards push the young generation past its threshold; its scans (and the
+    # middle generation's, in case the node was promoted) must find the node on their own.
+    made = 0
+    while watched() is not None and made < 12 * garbage_collection.YOUNG_GENERATION_AFTER:
+        garbage: list[object] = []
+        garbage.append(garbage)
+        made += 1
+    assert watched() is None
+    assert made > 0
