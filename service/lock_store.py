@@ -166,14 +166,23 @@ class Committed:
     expires_at: datetime | None  # the lease deadline as stored (a grant's is stamped by the statement)
 
 
-# The same read for many commands at once: one round trip for every command waiting to load.
+# The same read for many commands at once: one round trip for every command waiting to load. Each row is
+# looked up by key (LATERAL), never joined: see "Plans that stay index probes" above COMMIT_MANY_SQL.
 LOAD_MANY_SQL = """
 SELECT q.ord, clock_timestamp() AS db_now,
        s.version, s.status, s.owner, s.fencing_token, s.ttl_ms, s.expires_at, s.ended_by,
        k.fingerprint, k.status_code, k.response::text AS response
   FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS q(resource, principal, key, ord)
-  LEFT JOIN lock_state AS s ON s.resource = q.resource
-  LEFT JOIN idempotency_keys AS k ON k.principal = q.principal AND k.key = q.key
+  LEFT JOIN LATERAL (
+        SELECT version, status, owner, fencing_token, ttl_ms, expires_at, ended_by
+          FROM lock_state WHERE resource = q.resource
+         LIMIT 1
+       ) AS s ON true
+  LEFT JOIN LATERAL (
+        SELECT fingerprint, status_code, response
+          FROM idempotency_keys WHERE principal = q.principal AND key = q.key
+         LIMIT 1
+       ) AS k ON true
  ORDER BY q.ord
 """
 
@@ -272,6 +281,14 @@ async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
 # at the expected version (locked in resource order, so concurrent batches cannot deadlock on heads),
 # the clock is read after every head is locked, and a renew or release needs its lease live at that
 # instant. Plans that fail those checks write nothing and come back without a row.
+#
+# Plans that stay index probes: the batch statements touch lock_state, events and idempotency_keys only
+# by key, through a LATERAL lookup per command (not a join the planner may turn into a hash join) and
+# ON CONFLICT on the primary key (not UPDATE ... FROM). asyncpg prepares a statement once per connection
+# and PostgreSQL caches its plan; a server that starts on an empty database plans while the tables are
+# empty and never analyzed, and a join against a table it takes for ten pages looks cheaper as a
+# sequential scan. That plan stayed while the table grew: every batch read the whole of lock_state.
+# tests/storage/test_statement_plans.py plans each statement on empty tables and refuses such scans.
 COMMIT_MANY_SQL = """
 WITH c AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::integer[], $5::integer[],
@@ -283,11 +300,13 @@ WITH c AS (
                              status_code, response, metadata, acquires, cmd)
 ),
 head AS (
-    SELECT c.cmd, s.expires_at AS held_until
-      FROM lock_state AS s JOIN c ON s.resource = c.resource AND s.version = c.expected
-     WHERE c.expected > 0
-     ORDER BY s.resource
-       FOR UPDATE OF s
+    SELECT existing.cmd, s.held_until
+      FROM (SELECT cmd, resource, expected FROM c WHERE expected > 0 ORDER BY resource) AS existing
+     CROSS JOIN LATERAL (
+           SELECT expires_at AS held_until FROM lock_state
+            WHERE resource = existing.resource AND version = existing.expected
+              FOR UPDATE
+           ) AS s
 ),
 clock AS (
     SELECT clock_timestamp() AS ts FROM (SELECT count(*) FROM head) AS every_head_locked
@@ -318,15 +337,19 @@ ok AS (
       FROM c JOIN fresh USING (resource) CROSS JOIN clock
 ),
 projected AS (
-    UPDATE lock_state AS s
-       SET version = ok.expected + ok.n_events, status = ok.status, owner = ok.owner,
-           fencing_token = ok.token, ttl_ms = ok.ttl, expires_at = ok.new_expires_at,
-           ended_by = ok.ended_by,
-           acquired_at = CASE WHEN ok.acquires THEN ok.ts ELSE s.acquired_at END,
-           updated_at = ok.ts
+    INSERT INTO lock_state AS s (resource, version, status, owner, fencing_token, ttl_ms, expires_at,
+                                 ended_by, acquired_at, updated_at)
+    SELECT resource, expected + n_events, status, owner, token, ttl, new_expires_at, ended_by,
+           CASE WHEN acquires THEN ts END, ts
       FROM ok
-     WHERE s.resource = ok.resource AND ok.expected > 0
- RETURNING ok.cmd
+     WHERE expected > 0
+     ORDER BY resource
+        ON CONFLICT (resource) DO UPDATE
+       SET version = excluded.version, status = excluded.status, owner = excluded.owner,
+           fencing_token = excluded.fencing_token, ttl_ms = excluded.ttl_ms,
+           expires_at = excluded.expires_at, ended_by = excluded.ended_by,
+           acquired_at = coalesce(excluded.acquired_at, s.acquired_at), updated_at = excluded.updated_at
+ RETURNING 1
 ),
 appended AS (
     INSERT INTO events (stream_id, stream_version, event_type, data, metadata, recorded_at)
