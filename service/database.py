@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
 import asyncpg
+import structlog
 from asyncpg.pool import PoolConnectionProxy
 
 from eventstore.connection import Connection
 from lockledger.dburl import asyncpg_dsn
 from service.config import Settings
+
+log = structlog.get_logger("lockledger.database")
 
 
 async def _reset(conn: Connection) -> None:
@@ -63,10 +67,42 @@ async def connection(
 ) -> AsyncIterator[PoolConnectionProxy[asyncpg.Record]]:
     """A pooled connection (waiting at most ``timeout_s`` for one) that is closed, never reused, when an
     operation on it was cut off mid-way: a timeout while the server restarted can leave its protocol in
-    a state no later statement gets out of (asyncpg's ``InternalClientError``)."""
-    async with pool.acquire(timeout=timeout_s) as conn:
-        try:
-            yield conn
-        except asyncpg.InternalClientError:
+    a state no later statement gets out of (asyncpg's ``InternalClientError``).
+
+    Neither end of the loan makes the caller wait for the event loop. asyncpg bounds
+    ``acquire(timeout=...)`` with ``asyncio.wait_for``, which on Python 3.11 runs the wait in a task of
+    its own, and ``release`` runs in another (``asyncio.shield``). Each such task is a trip to the back
+    of the loop's ready queue, and under load that queue holds a burst of other requests: about 0.5 ms
+    per commit batch at 64 agents (docs/performance.md). So the wait is bounded by ``asyncio.timeout``
+    instead, which needs no task, and the release goes on in the background: the caller already has its
+    answer, and the connection is back in the pool one pass of the loop later. Only after a failure is
+    the release waited for: a statement cut off by its timeout leaves the connection waiting for
+    PostgreSQL to confirm the cancel, and while the server is frozen that wait is what tells the
+    database guard (``service/database_guard.py``) that round trips have stalled.
+    """
+    async with asyncio.timeout(timeout_s):
+        conn = await pool.acquire()
+    try:
+        yield conn
+    except BaseException as error:
+        if isinstance(error, asyncpg.InternalClientError):
             conn.terminate()
-            raise
+        await pool.release(conn)
+        raise
+    _release_later(pool, conn)
+
+
+_releasing: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
+
+
+def _release_later(pool: asyncpg.Pool, conn: PoolConnectionProxy[asyncpg.Record]) -> None:
+    task = asyncio.get_running_loop().create_task(pool.release(conn))
+    _releasing.add(task)
+    task.add_done_callback(_released)
+
+
+def _released(task: asyncio.Task[None]) -> None:
+    _releasing.discard(task)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        # asyncpg has already closed a connection it could not reset; nothing is lost but the connection.
+        log.warning("pool release failed", error=repr(error))
