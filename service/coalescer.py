@@ -96,23 +96,27 @@ class Coalescer(Generic[Request, Result]):
     async def _send(self, batch: list[tuple[Request, asyncio.Future[Result]]]) -> None:
         self.batches += 1
         self.requests += len(batch)
-        if len(batch) > 1:
-            try:
-                results = await self._run_many([request for request, _ in batch])
-            except Exception as error:
-                # Retried one by one below, so each caller sees its own outcome; unless the failure is
-                # not about the batch (the database is unreachable): then retrying alone would only
-                # multiply the wait, and everyone gets the error now.
-                if not self._retry_alone(error):
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(error)
-                    return
-            else:
-                for (_, future), result in zip(batch, results, strict=True):
+        if len(batch) == 1:
+            # A lone request runs in this task: gather would wrap it in a task of its own, one more pass
+            # through the event loop before it even leaves.
+            await self._send_one(*batch[0])
+            return
+        try:
+            results = await self._run_many([request for request, _ in batch])
+        except Exception as error:
+            # Retried one by one below, so each caller sees its own outcome; unless the failure is not
+            # about the batch (the database is unreachable): then retrying alone would only multiply
+            # the wait, and everyone gets the error now.
+            if not self._retry_alone(error):
+                for _, future in batch:
                     if not future.done():
-                        future.set_result(result)
+                        future.set_exception(error)
                 return
+        else:
+            for (_, future), result in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+            return
         await asyncio.gather(*(self._send_one(request, future) for request, future in batch))
 
     async def _send_one(self, request: Request, future: asyncio.Future[Result]) -> None:

@@ -36,6 +36,22 @@ async def test_a_lone_request_goes_out_at_once_alone() -> None:
     assert backend.batches == [[4]]
 
 
+async def test_a_lone_request_leaves_from_the_batching_task_itself() -> None:
+    """No task of its own for a batch of one: every task is one more pass through a busy event loop."""
+    backend = _Backend()
+    tasks: list[asyncio.Task[object] | None] = []
+
+    async def one(request: int) -> int:
+        tasks.append(asyncio.current_task())
+        return await backend.one(request)
+
+    coalescer: Coalescer[int, int] = Coalescer(one, backend.many)
+    assert await coalescer.submit(4) == 40
+    (task,) = tasks
+    assert task is not None
+    assert task.get_coro().__qualname__ == "Coalescer._drain"  # type: ignore[union-attr]
+
+
 async def test_concurrent_requests_share_round_trips() -> None:
     backend = _Backend()
     coalescer: Coalescer[int, int] = Coalescer(backend.one, backend.many, max_in_flight=2)
