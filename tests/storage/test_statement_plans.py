@@ -7,7 +7,8 @@ a sequential scan and a hash. That plan stayed cached while the table grew: in t
 commit batch read the whole of ``lock_state`` (23,000 rows after a few seconds, 60 % of PostgreSQL's
 CPU). The statements now reach these tables only by key (``LATERAL`` lookups, ``ON CONFLICT`` on the
 primary key), so no plan has a sequential scan to choose. This test plans them generically on new, empty,
-never analyzed copies of the tables, the state in which the old statements chose the scan.
+never analyzed copies of the tables, the state in which the old statements chose the scan. The
+Idempotency-Key purge, a DELETE that cannot be written as key lookups, is instead never prepared.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncpg
 import pytest
 
 from eventstore.connection import Connection
-from service import lock_store
+from service import idempotency, lock_store, reaper
 
 pytestmark = pytest.mark.storage
 
@@ -30,6 +31,7 @@ STATEMENTS = {
     "commit_new": lock_store.COMMIT_NEW_SQL,
     "commit_existing": lock_store.COMMIT_EXISTING_SQL,
     "commit_many": lock_store.COMMIT_MANY_SQL,
+    "expire_due": reaper.EXPIRE_DUE_SQL,
 }
 
 
@@ -93,3 +95,26 @@ async def test_no_statement_scans_a_command_table(empty_tables: Connection, name
     assert "Index Scan" in explained or "Conflict Arbiter" in explained, explained  # it reaches the tables
     for table in TABLES:
         assert f"Seq Scan on {table}" not in explained, explained
+
+
+async def test_the_purge_is_planned_for_the_table_as_it_is(empty_tables: Connection) -> None:
+    """The purge is never prepared (its plan is not cached), and on a large table it deletes the old keys
+    by row address instead of joining them against a scan of the whole table."""
+    conn = empty_tables
+    assert await idempotency.purge_expired(conn, retention_s=3_600, batch=100) == 0
+    prepared = await conn.fetchval(
+        "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE $1",
+        "%DELETE FROM idempotency_keys%",
+    )
+    assert prepared == 0
+    await conn.execute(
+        """INSERT INTO idempotency_keys (principal, key, fingerprint, resource, status_code, response,
+                                         created_at)
+           SELECT 'agent', 'key-' || n, '\\x00', 'zone:A3', 200, '{}', now() - n * interval '1 second'
+             FROM generate_series(1, 50000) AS n"""
+    )
+    sql = idempotency.PURGE_SQL.format(retention_s=3_600, batch=5_000)
+    explained = "\n".join(row[0] for row in await conn.fetch(f"EXPLAIN {sql}"))
+    assert "Tid Scan on idempotency_keys" in explained, explained  # the deletion itself, by row address
+    assert "Join" not in explained, explained
+    assert await idempotency.purge_expired(conn, retention_s=3_600, batch=5_000) == 5_000
