@@ -29,11 +29,21 @@ async def _reset(conn: Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
+# The command path's sessions never plan a sequential scan where an index can serve. Every statement it
+# runs is keyed (by resource, Idempotency-Key, token hash, deadline), and asyncpg caches each one's plan
+# per connection. A plan made while a table held a page or two (just created, or analyzed when nearly
+# empty) chose a sequential scan, which was cheapest then, and kept it while the table grew: every
+# commit batch then read the whole of lock_state (docs/performance.md). A scan is still used where no
+# index applies; it is only never preferred to one.
+COMMAND_PATH_SETTINGS = {"enable_seqscan": "off"}
+
+
 async def create_pool(
     settings: Settings, *, role: str | None = None, url: str | None = None, max_size: int | None = None
 ) -> asyncpg.Pool:
     """A pool whose sessions run as the service role (or ``role``) with UTC timestamps in JSON, on the
-    main database (or ``url``, e.g. a replica for the read-only role).
+    main database (or ``url``, e.g. a replica for the read-only role). The service role's pool, the
+    command path's, also takes ``COMMAND_PATH_SETTINGS``; the query side plans as PostgreSQL likes.
 
     The role and time zone are startup parameters, so they hold for the connection's whole life whatever
     a session does; a connection returns to the pool through ``_reset``, not asyncpg's ``RESET ALL``.
@@ -49,6 +59,8 @@ async def create_pool(
     chosen_role = settings.database_role if role is None else role
     if chosen_role:
         server_settings["role"] = chosen_role
+    if role is None:
+        server_settings.update(COMMAND_PATH_SETTINGS)
     pool = await asyncpg.create_pool(
         asyncpg_dsn(url),
         min_size=min(settings.pool_min_size, max_size or settings.pool_max_size),

@@ -5,10 +5,15 @@ generic plan for it. A server that starts on an empty database plans while ``loc
 never analyzed; the planner then takes the table for ten pages, and a join against it looked cheaper as
 a sequential scan and a hash. That plan stayed cached while the table grew: in the benchmark every
 commit batch read the whole of ``lock_state`` (23,000 rows after a few seconds, 60 % of PostgreSQL's
-CPU). The statements now reach these tables only by key (``LATERAL`` lookups, ``ON CONFLICT`` on the
-primary key), so no plan has a sequential scan to choose. This test plans them generically on new, empty,
-never analyzed copies of the tables, the state in which the old statements chose the scan. The
-Idempotency-Key purge, a DELETE that cannot be written as key lookups, is instead never prepared.
+CPU). Two defences, each tested here on new copies of the tables in both states that invite the scan
+(never analyzed, and analyzed while they held three rows):
+
+- the statements reach these tables only by key (``LATERAL`` lookups, ``ON CONFLICT`` on the primary
+  key), which is enough while the tables were never analyzed;
+- the command path's sessions run with ``enable_seqscan = off`` (``COMMAND_PATH_SETTINGS``): a table
+  analyzed while it held a page makes even a per-key lookup look cheaper as a scan of that page.
+
+The Idempotency-Key purge, a DELETE that cannot be written as key lookups, is instead never prepared.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import pytest
 
 from eventstore.connection import Connection
 from service import idempotency, lock_store, reaper
+from service.config import Settings
+from service.database import COMMAND_PATH_SETTINGS, create_pool
 
 pytestmark = pytest.mark.storage
 
@@ -35,9 +42,10 @@ STATEMENTS = {
 }
 
 
-@pytest.fixture
-async def empty_tables(admin_pool: asyncpg.Pool) -> AsyncIterator[Connection]:
-    """A connection whose search path finds new, empty, never analyzed copies of the command tables."""
+@pytest.fixture(params=["never analyzed", "analyzed while tiny"])
+async def empty_tables(admin_pool: asyncpg.Pool, request: pytest.FixtureRequest) -> AsyncIterator[Connection]:
+    """A connection set up as the command path's sessions are, whose search path finds new copies of the
+    command tables: never analyzed, or analyzed while they held three rows."""
     schema = f"plans_{uuid.uuid4().hex[:10]}"
     async with admin_pool.acquire() as conn:
         await conn.execute(f"CREATE SCHEMA {schema}")
@@ -45,11 +53,48 @@ async def empty_tables(admin_pool: asyncpg.Pool) -> AsyncIterator[Connection]:
             for table in TABLES:
                 await conn.execute(f"CREATE TABLE {schema}.{table} (LIKE public.{table} INCLUDING ALL)")
             await conn.execute(f"SET search_path = {schema}")
+            if request.param == "analyzed while tiny":
+                await _three_rows_each(conn)
+                await conn.execute("ANALYZE")
+            for name, setting in COMMAND_PATH_SETTINGS.items():
+                await conn.execute(f"SET {name} = {setting}")
             yield conn
         finally:
-            await conn.execute("RESET search_path")
-            await conn.execute("RESET plan_cache_mode")
+            for name in ("search_path", "plan_cache_mode", *COMMAND_PATH_SETTINGS):
+                await conn.execute(f"RESET {name}")
             await conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+async def _three_rows_each(conn: Connection) -> None:
+    await conn.execute(
+        """INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at,
+                                   updated_at)
+           SELECT 'zone:' || n, 1, 'held', 'agv-' || n, 1, 30000, now(), now() FROM generate_series(1, 3) n"""
+    )
+    await conn.execute(
+        """INSERT INTO events (stream_id, stream_version, event_type, data, hash)
+           SELECT 'zone:' || n, 1, 'LOCK_ACQUIRED', '{}', '\\x00' FROM generate_series(1, 3) n"""
+    )
+    await conn.execute(
+        """INSERT INTO idempotency_keys (principal, key, fingerprint, resource, status_code, response,
+                                         created_at)
+           SELECT 'agv-' || n, 'key-' || n, '\\x00', 'zone:' || n, 201, '{}', now()
+             FROM generate_series(1, 3) n"""
+    )
+
+
+async def test_the_command_path_sessions_prefer_an_index(
+    service_pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """The service role's pool takes the settings; the query side's pool plans as PostgreSQL likes."""
+    async with service_pool.acquire() as conn:
+        assert await conn.fetchval("SHOW enable_seqscan") == "off"
+    read_pool = await create_pool(settings, role=settings.read_database_role, max_size=1)
+    try:
+        async with read_pool.acquire() as conn:
+            assert await conn.fetchval("SHOW enable_seqscan") == "on"
+    finally:
+        await read_pool.close()
 
 
 # A plausible value of each parameter type the statements take; arrays hold 32 of them.
@@ -102,11 +147,8 @@ async def test_the_purge_is_planned_for_the_table_as_it_is(empty_tables: Connect
     by row address instead of joining them against a scan of the whole table."""
     conn = empty_tables
     assert await idempotency.purge_expired(conn, retention_s=3_600, batch=100) == 0
-    prepared = await conn.fetchval(
-        "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE $1",
-        "%DELETE FROM idempotency_keys%",
-    )
-    assert prepared == 0
+    sent = idempotency.PURGE_SQL.format(retention_s=3_600, batch=100)
+    assert await conn.fetchval("SELECT count(*) FROM pg_prepared_statements WHERE statement = $1", sent) == 0
     await conn.execute(
         """INSERT INTO idempotency_keys (principal, key, fingerprint, resource, status_code, response,
                                          created_at)
