@@ -257,6 +257,7 @@ class BenchRun:
             f"{config.warmup_s:g} s warm-up + {config.duration_s:g} s",
             highlight=False,
         )
+        settled = await self.db.settle()
         cell = await run_cell(
             spec,
             target,
@@ -275,6 +276,7 @@ class BenchRun:
                     "log_tail": server.log_tail(),
                     "log": str(server.log_path),
                 }
+        cell["settled"] = settled
         cell["http_client"] = self.http_client if http else None
         cell["round"] = round_index
         self.cells.append(cell)

@@ -59,6 +59,10 @@ def test_quick_bench_measures_every_target_without_errors(database_url: str, tmp
         assert cell["cycles"] > 0, where
         assert cell["errors"] == 0, (where, cell["error_samples"])
         assert cell["latency_ms"]["acquire"]["n"] > 0, where
+        # Every cell starts from a vacuumed, analyzed, checkpointed database (the embedded server's
+        # superuser may do both).
+        assert cell["settled"]["done"] == ["VACUUM (ANALYZE)", "CHECKPOINT"], where
+        assert cell["settled"]["seconds"] >= 0, where
         if cell["mode"] == "hot" and cell["target"] != "noop":
             assert cell["violations"] == 0, (where, cell["safety"])
             assert cell["safety"]["grants_checked"] >= cell["cycles"], where
