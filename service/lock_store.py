@@ -287,8 +287,10 @@ async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
 # ON CONFLICT on the primary key (not UPDATE ... FROM). asyncpg prepares a statement once per connection
 # and PostgreSQL caches its plan; a server that starts on an empty database plans while the tables are
 # empty and never analyzed, and a join against a table it takes for ten pages looks cheaper as a
-# sequential scan. That plan stayed while the table grew: every batch read the whole of lock_state.
-# tests/storage/test_statement_plans.py plans each statement on empty tables and refuses such scans.
+# sequential scan. That plan stayed while the table grew: every batch read the whole of lock_state. (A
+# table analyzed while it held a page tempts even a per-key lookup into a scan; the command path's
+# sessions refuse those: COMMAND_PATH_SETTINGS in service/database.py.)
+# tests/storage/test_statement_plans.py plans each statement on such tables and refuses any scan.
 COMMIT_MANY_SQL = """
 WITH c AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::integer[], $5::integer[],
