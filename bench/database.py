@@ -39,16 +39,12 @@ class BenchDatabase:
         pgbench's vacuum before a run is for. Returns what was done and how long it took."""
         started = time.perf_counter()
         done: list[str] = []
-        conn = await asyncpg.connect(asyncpg_dsn(self.url))
-        try:
-            for statement in ("VACUUM (ANALYZE)", "CHECKPOINT"):
-                try:
-                    await conn.execute(statement)
-                except asyncpg.InsufficientPrivilegeError:
-                    continue  # an external server's user that may not checkpoint: the cells still run
-                done.append(statement)
-        finally:
-            await conn.close()
+        for statement in ("VACUUM (ANALYZE)", "CHECKPOINT"):
+            try:
+                await _execute(self.url, statement)
+            except asyncpg.InsufficientPrivilegeError:
+                continue  # an external server's user that may not checkpoint: the cells still run
+            done.append(statement)
         return {"done": done, "seconds": round(time.perf_counter() - started, 3)}
 
     def close(self) -> None:
