@@ -60,3 +60,32 @@ def test_cycles_are_still_reclaimed_without_anyone_asking() -> None:
         made += 1
     assert watched() is None
     assert made > 0
+
+
+@pytest.mark.usefixtures("tuned")
+def test_requests_in_flight_swinging_up_and_down_do_not_trigger_scans() -> None:
+    """The collector counts how far the live objects rose above their lowest point since its last scan.
+    256 requests of forty objects each (the benchmark's W = 256) that all finish and are all replaced,
+    twenty times over, swing that far every time and leave nothing to collect: no scan may come of it.
+    With the previous threshold of 10,000 every swing triggered one."""
+    requests, objects_each, swings = 256, 40, 20
+    scans: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            scans.append(info["generation"])
+
+    def arrive() -> list[list[list[int]]]:
+        return [[[index] for index in range(objects_each)] for _ in range(requests)]
+
+    in_flight = arrive()
+    gc.collect()  # counting starts from zero, as right after a scan
+    gc.callbacks.append(count)
+    try:
+        for _ in range(swings):
+            in_flight.clear()  # a burst of requests finishes...
+            in_flight.extend(arrive())  # ...and as many arrive
+    finally:
+        gc.callbacks.remove(count)
+    assert len(in_flight) == requests
+    assert scans == []
