@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import math
 import os
@@ -66,6 +65,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.auth import AUTH, agent_names, bearer, mint_agent_tokens
+from bench.collector import quiet_gc
 from lockledger.dburl import asyncpg_dsn
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -304,26 +304,6 @@ class LoopLag:
             "p99_ms": _ms(percentile(lags, 99)),
             "max_ms": _ms(lags[-1] if lags else None),
         }
-
-
-@contextlib.contextmanager
-def quiet_gc() -> Iterator[None]:
-    """Keep the load generator's garbage collector from stalling its event loop.
-
-    With 10,000 agents alive, a full collection took up to ~140 ms and young ones ran ~30 times a second
-    (measured: 2.3 s of collection in 35 s of heartbeats); a renew answered meanwhile waited in the socket
-    and was counted as server latency. The objects alive now are frozen out of collections, and young
-    collections run less often.
-    """
-    threshold = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 100)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*threshold)
-        gc.unfreeze()
 
 
 # --- the server ------------------------------------------------------------------------------------------

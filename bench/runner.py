@@ -24,6 +24,7 @@ from rich.console import Console
 from bench.auth import AUTH, agent_names, mint_agent_tokens
 from bench.calibrate import calibrate
 from bench.cell import CellSpec, run_cell
+from bench.collector import quiet_gc
 from bench.config import HTTP_TARGETS, BenchConfig
 from bench.database import BenchDatabase, provision
 from bench.environment import environment
@@ -258,15 +259,16 @@ class BenchRun:
             highlight=False,
         )
         settled = await self.db.settle()
-        cell = await run_cell(
-            spec,
-            target,
-            self._resources(name, mode, spec.server_workers),
-            self._groups(server),
-            drain_timeout_s=config.drain_timeout_s,
-            seed=config.seed,
-            metrics_url=f"{server.base_url}/metrics" if http and server and server.workers == 1 else None,
-        )
+        with quiet_gc():
+            cell = await run_cell(
+                spec,
+                target,
+                self._resources(name, mode, spec.server_workers),
+                self._groups(server),
+                drain_timeout_s=config.drain_timeout_s,
+                seed=config.seed,
+                metrics_url=f"{server.base_url}/metrics" if http and server and server.workers == 1 else None,
+            )
         if http:
             await target.close()
             assert server is not None
