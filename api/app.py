@@ -59,6 +59,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             coalesce=settings.coalesce,
             state_cache_size=settings.state_cache_size,
             guard=DatabaseGuard(stall_s=settings.command_timeout_s),
+            max_wait_ms=settings.max_wait_ms,
+            wait_poll_s=settings.wait_poll_ms / 1000,
         )
         app.state.authenticator = (
             None
@@ -88,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if reaper is not None and reaper_task is not None:
                 reaper.stop()
                 await reaper_task
+            await app.state.lock_service.close()
             await app.state.read_pool.close()
             await pool.close()
 

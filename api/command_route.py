@@ -17,7 +17,7 @@ has any other shape is refused when the app is built, not served differently.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from email.message import Message
 from typing import Annotated, Any
 
@@ -39,11 +39,13 @@ _TRACE_MAX_LENGTH = 200  # X-Correlation-ID, X-Causation-ID
 
 @value
 class CommandCall:
-    """Who sends a command, the context it ties into, and the service that runs it."""
+    """Who sends a command, the context it ties into, the service that runs it, and whether the client
+    has gone (asked before a waiting acquire tries again)."""
 
     caller: Principal
     context: CommandContext
     service: LockService
+    disconnected: Callable[[], Awaitable[bool]]
 
 
 class CommandCaller:
@@ -98,7 +100,7 @@ class CommandCaller:
             correlation_id=correlation_id,
             causation_id=causation_id,
         )
-        return CommandCall(caller, context, request.app.state.lock_service)
+        return CommandCall(caller, context, request.app.state.lock_service, request.is_disconnected)
 
 
 class CommandRoute(APIRoute):

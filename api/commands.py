@@ -60,7 +60,7 @@ def lease_owner(claimed: str | None, caller: Principal) -> str:
 
 async def _run(command: Command, call: CommandCall) -> Response:
     try:
-        result = await call.service.execute(command, call.context)
+        result = await call.service.execute(command, call.context, call.disconnected)
     except NotOwner as error:
         if call.caller.authenticated:
             raise Forbidden(f"the lease on {error.resource} belongs to {error.holder}") from error
@@ -73,9 +73,11 @@ async def _run(command: Command, call: CommandCall) -> Response:
 
 @router.post("/{resource}/acquire", status_code=201, response_model=Lease, responses=_problems(409, 422, 503))
 async def acquire(resource: ResourcePath, body: AcquireRequest, call: Holder) -> Response:
-    """Take the lock for `ttl_ms`. 409 `lock_held` names the holder and its deadline."""
+    """Take the lock for `ttl_ms`, waiting up to `wait_ms` if it is held. 409 `lock_held` names the holder
+    and its deadline."""
     ttl_ms = body.ttl_ms if body.ttl_ms is not None else call.service.default_ttl_ms
-    return await _run(Acquire(resource, lease_owner(body.owner, call.caller), ttl_ms), call)
+    command = Acquire(resource, lease_owner(body.owner, call.caller), ttl_ms, body.wait_ms)
+    return await _run(command, call)
 
 
 @router.post("/{resource}/renew", response_model=Lease, responses=_problems(409, 410, 422, 503))

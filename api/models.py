@@ -39,6 +39,14 @@ class AcquireRequest(_Body):
     ttl_ms: WholeNumber | None = Field(
         default=None, description="Lease length; the server default (30 s) if omitted."
     )
+    wait_ms: WholeNumber = Field(
+        default=0,
+        ge=0,
+        le=2**31,
+        description="If the lock is held, wait up to this long for it to come free (the server's"
+        " `LOCKLEDGER_MAX_WAIT_MS` at most, 30 s by default) before answering 409 `lock_held`. Waiters"
+        " on one server process are served in arrival order. 0: answer at once.",
+    )
 
 
 class RenewRequest(_Body):

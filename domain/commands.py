@@ -11,9 +11,13 @@ from domain.value import value
 
 @value
 class Acquire:
+    """``wait_ms``: how long the service may wait for a held lock to come free before refusing. The
+    decision never waits; the service asks it again each time the lock may have come free."""
+
     resource: str
     owner: str
     ttl_ms: int
+    wait_ms: int = 0
 
 
 @value

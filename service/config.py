@@ -45,6 +45,18 @@ class Settings(BaseSettings):
         " it granted (or an acquire of a lock it saw free) appends without reading first; 0 reads first"
         " every time.",
     )
+    max_wait_ms: int = Field(
+        default=30_000,
+        ge=0,
+        description="The longest an acquire waits for a held lock (its `wait_ms`; longer is cut to this),"
+        " kept under the idle timeouts of proxies in front.",
+    )
+    wait_poll_ms: int = Field(
+        default=50,
+        ge=1,
+        description="While acquires wait, how often each process asks which awaited locks came free"
+        " through other processes or lapsed (a release through the same process wakes at once).",
+    )
     conflict_retries: int = Field(
         default=16, description="Re-decisions after losing an expected-version race."
     )

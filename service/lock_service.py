@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +26,7 @@ from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
 from service.lock_store import AppendPlan, Committed, Idempotency, Snapshot
 from service.state_cache import NewStreamGuess, StateCache
+from service.waiters import Waiters
 
 _LoadRequest = tuple[str, str, str | None]  # resource, principal, Idempotency-Key
 
@@ -111,6 +112,8 @@ class LockService:
         coalesce: bool = True,
         state_cache_size: int = 100_000,
         guard: DatabaseGuard | None = None,
+        max_wait_ms: int = 30_000,
+        wait_poll_s: float = 0.05,
     ) -> None:
         self._pool = pool
         self._bounds = bounds
@@ -122,6 +125,8 @@ class LockService:
         self._states = StateCache(state_cache_size)
         self._new_streams = NewStreamGuess()
         self._appending = AppendsInFlight()
+        self._max_wait_ms = max_wait_ms
+        self._waiters = Waiters(pool, poll_s=wait_poll_s, acquire_timeout_s=acquire_timeout_s)
         # Batches of one make a coalescer a plain pass-through (for measuring what coalescing gains).
         batch = 256 if coalesce else 1
         in_flight = 4 if coalesce else pool.get_max_size()
@@ -181,8 +186,34 @@ class LockService:
 
         return await self.guard.run(work)
 
-    async def execute(self, command: Command, ctx: CommandContext) -> CommandResult:
-        """Run ``command`` to a decision that is committed, rejected (DomainError) or replayed."""
+    @property
+    def max_wait_ms(self) -> int:
+        """The longest an acquire waits for a held lock; a longer ``wait_ms`` is cut to this."""
+        return self._max_wait_ms
+
+    async def close(self) -> None:
+        await self._waiters.close()
+
+    async def execute(
+        self,
+        command: Command,
+        ctx: CommandContext,
+        abandoned: Callable[[], Awaitable[bool]] | None = None,
+    ) -> CommandResult:
+        """Run ``command`` to a decision that is committed, rejected (DomainError) or replayed.
+
+        An acquire with ``wait_ms`` that finds the lock held waits for it to come free (at most
+        ``max_wait_ms``; ``service/waiters.py``) before it is refused. ``abandoned`` says whether the caller
+        has gone, so a waiting acquire takes no lock for nobody.
+        """
+        if isinstance(command, Acquire) and command.wait_ms > 0 and self._max_wait_ms > 0:
+            wait_s = min(command.wait_ms, self._max_wait_ms) / 1000
+            return await self._waiters.acquire(
+                command.resource, lambda: self._execute(command, ctx), wait_s, abandoned
+            )
+        return await self._execute(command, ctx)
+
+    async def _execute(self, command: Command, ctx: CommandContext) -> CommandResult:
         self._refuse_while_stalled()
         name, fields = _describe(command)
         idempotency = Idempotency(
@@ -278,6 +309,8 @@ class LockService:
             committed = await self._commits.submit(plan)
             if committed is not None:
                 self._states.put(plan.new_state.with_deadline(committed.expires_at))
+                if plan.new_state.status == "free":
+                    self._waiters.freed(resource)
         finally:
             self._appending.end(resource)
         return committed
@@ -311,6 +344,8 @@ def _plan(
 
 def _describe(command: Command) -> tuple[str, dict[str, Any]]:
     if isinstance(command, Acquire):
+        # Not wait_ms: how long a request may wait is not what it asks for, and a retry of an acquire
+        # that timed out waiting sends what is left of its wait under the same Idempotency-Key.
         return "acquire", {"owner": command.owner, "ttl_ms": command.ttl_ms}
     if isinstance(command, Renew):
         return "renew", {

@@ -265,7 +265,9 @@ def running_server(database_url: str, env_overrides: dict[str, str]) -> Iterator
 @pytest.fixture(scope="session")
 def server(database_url: str) -> Iterator[ServerProcess]:
     """One real HTTP server with its reaper, shared by the end-to-end tests."""
-    with running_server(database_url, {"LOCKLEDGER_REAPER_INTERVAL_MS": "100"}) as proc:
+    # Acquires wait at most 2 s: the fuzzer sends wait_ms of every size to locks it may hold already.
+    overrides = {"LOCKLEDGER_REAPER_INTERVAL_MS": "100", "LOCKLEDGER_MAX_WAIT_MS": "2000"}
+    with running_server(database_url, overrides) as proc:
         yield proc
 
 
@@ -277,6 +279,7 @@ def auth_server(database_url: str) -> Iterator[ServerProcess]:
         "LOCKLEDGER_DEV_MODE": "false",
         "LOCKLEDGER_AUTH_CACHE_S": "0.5",
         "LOCKLEDGER_REAPER_ENABLED": "false",
+        "LOCKLEDGER_MAX_WAIT_MS": "2000",
     }
     with running_server(database_url, overrides) as proc:
         yield proc

@@ -1,0 +1,188 @@
+"""Acquires that wait for a held lock to come free (``wait_ms``), and what wakes them.
+
+An agent that wants a zone another agent holds would otherwise poll: every poll is a request, a read
+and a 409, and the first poll after the release wins by luck, not by order. A waiting acquire instead
+stays with the server, which tries again only when the lock may have come free:
+
+- at once when this process committed the release, expiry or force-release (``freed``);
+- otherwise when the follower sees it: while anyone in this process waits, one statement every
+  ``poll_s`` asks ``lock_state`` which of the awaited locks are free or past their deadline by the
+  database clock. That covers releases through other server processes and leases that lapsed (the
+  retried acquire itself appends the expiry; it need not wait for the reaper). ``lock_state`` is updated
+  in the same transaction as each append, so reading it is following the log for exactly these
+  streams, and nothing is asked of the database when nobody waits (DESIGN: no NOTIFY in the append).
+
+The waiters on one lock in one process take turns in arrival order (``asyncio.Lock`` is FIFO): only the
+first tries again on a wake, so a release hands the lock to the longest waiter here instead of waking
+every waiter to race. Across processes the database decides who wins, as for any two acquires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+import structlog
+from prometheus_client import Gauge, Histogram
+
+from domain.errors import LockHeld
+from service.database import connection
+
+log = structlog.get_logger("lockledger.waiters")
+
+_WAITING = Gauge("lockledger_acquires_waiting", "Acquires waiting for a held lock to come free")
+_WAITED = Histogram(
+    "lockledger_acquire_wait_seconds",
+    "How long acquires that were refused at first waited, by how the wait ended",
+    ["outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+_GRANTED = _WAITED.labels("granted")
+_TIMED_OUT = _WAITED.labels("timed_out")
+_ABANDONED = _WAITED.labels("abandoned")
+
+T = TypeVar("T")
+
+FREED_SQL = """
+SELECT resource FROM lock_state
+ WHERE resource = ANY($1::text[]) AND (status <> 'held' OR expires_at <= clock_timestamp())
+"""
+
+
+class Line:
+    """The waiters on one lock in this process; the one holding ``turn`` is the next to try."""
+
+    __slots__ = ("freed", "turn", "waiters")
+
+    def __init__(self) -> None:
+        self.turn = asyncio.Lock()
+        self.freed = asyncio.Event()
+        self.waiters = 0
+
+    async def wait_freed(self, timeout_s: float) -> bool:
+        """Whether the lock may have come free within ``timeout_s``."""
+        if timeout_s <= 0:
+            return self.freed.is_set()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.freed.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
+class Waiters:
+    def __init__(self, pool: asyncpg.Pool, *, poll_s: float, acquire_timeout_s: float) -> None:
+        self._pool = pool
+        self._poll_s = poll_s
+        self._acquire_timeout_s = acquire_timeout_s
+        self._lines: dict[str, Line] = {}
+        self._follower: asyncio.Task[None] | None = None
+
+    @property
+    def waiting(self) -> int:
+        return sum(line.waiters for line in self._lines.values())
+
+    async def acquire(
+        self,
+        resource: str,
+        attempt: Callable[[], Awaitable[T]],
+        wait_s: float,
+        abandoned: Callable[[], Awaitable[bool]] | None = None,
+    ) -> T:
+        """``attempt()``, and again each time ``resource`` may have come free, until it is not refused
+        with ``LockHeld`` or ``wait_s`` has passed (then the last refusal is raised). ``abandoned`` says
+        whether the caller has gone (its connection closed): it is asked before each new attempt, so a
+        lock is never taken for a client that stopped waiting."""
+        try:
+            return await attempt()
+        except LockHeld as held:
+            refusal = held
+        # No other task ran since the refusal (it was raised synchronously from the decision), so a
+        # release committed by this process cannot fall between the refusal and joining the line.
+        started = time.monotonic()
+        give_up_at = started + wait_s
+        async with self.line(resource) as line:
+            # Behind others, the lock has changed hands since the refusal: try as soon as it is our turn.
+            # First in line, the refusal is still the news: wait for a wake before trying again.
+            try_at_once = line.waiters > 1
+            try:
+                async with asyncio.timeout(give_up_at - time.monotonic()):
+                    await line.turn.acquire()
+            except TimeoutError:
+                _TIMED_OUT.observe(time.monotonic() - started)
+                raise refusal from None
+            try:
+                while True:
+                    if try_at_once or await line.wait_freed(give_up_at - time.monotonic()):
+                        if abandoned is not None and await abandoned():
+                            _ABANDONED.observe(time.monotonic() - started)
+                            raise refusal
+                        line.freed.clear()  # a release from now on wakes the next wait
+                        try:
+                            result = await attempt()
+                        except LockHeld as held:
+                            refusal = held
+                        else:
+                            _GRANTED.observe(time.monotonic() - started)
+                            return result
+                    if time.monotonic() >= give_up_at:
+                        _TIMED_OUT.observe(time.monotonic() - started)
+                        raise refusal
+                    try_at_once = False
+            finally:
+                line.turn.release()
+
+    @contextlib.asynccontextmanager
+    async def line(self, resource: str) -> AsyncIterator[Line]:
+        """Join the line for ``resource`` (leaving it on exit); take ``line.turn`` to be the next to try."""
+        line = self._lines.get(resource)
+        if line is None:
+            line = self._lines[resource] = Line()
+        line.waiters += 1
+        _WAITING.inc()
+        if self._follower is None:
+            self._follower = asyncio.create_task(self._follow(), name="acquire-waiters-follower")
+        try:
+            yield line
+        finally:
+            _WAITING.dec()
+            line.waiters -= 1
+            if line.waiters == 0:
+                del self._lines[resource]
+
+    def freed(self, resource: str) -> None:
+        """This process committed a state in which ``resource`` is free: wake the next in its line."""
+        line = self._lines.get(resource)
+        if line is not None:
+            line.freed.set()
+
+    async def close(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+
+    async def _follow(self) -> None:
+        """Ask which awaited locks came free, every ``poll_s`` while anyone waits; then stop."""
+        try:
+            while self._lines:
+                await asyncio.sleep(self._poll_s)
+                resources = list(self._lines)
+                if not resources:
+                    break
+                try:
+                    async with connection(self._pool, self._acquire_timeout_s) as conn:
+                        rows = await conn.fetch(FREED_SQL, resources)
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as error:
+                    # The waiters still give up at their deadlines, and their own attempts report outages.
+                    log.warning("cannot see which awaited locks came free; trying again", error=str(error))
+                    continue
+                for row in rows:
+                    self.freed(row["resource"])
+        finally:
+            self._follower = None

@@ -1,0 +1,312 @@
+"""Acquires that wait for a held lock (``wait_ms``; service/waiters.py), on a real PostgreSQL: woken by a
+release through this service or another, by a lapsed lease, in arrival order, never for a caller that
+has gone, and never breaking the lock's invariants under a crowd of waiters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx
+import pytest
+
+from domain.commands import Acquire, Release
+from domain.errors import LockHeld
+from domain.resource import TtlBounds
+from service.lock_service import CommandContext, LockService
+from tests.conftest import ServerProcess, assert_problem
+
+pytestmark = pytest.mark.storage
+
+BOUNDS = TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000)
+# Far above what any wait below needs, so a missed wake fails the test instead of hanging the suite.
+GUARD_S = 20.0
+
+
+@pytest.fixture
+async def service(service_pool: asyncpg.Pool) -> AsyncIterator[LockService]:
+    """A service of its own (its own memory and waiters), as each server process has. Its follower looks
+    only once a minute, so what wakes its waiters within a test is this service's own commits."""
+    svc = LockService(service_pool, BOUNDS, wait_poll_s=60)
+    yield svc
+    await svc.close()
+
+
+@pytest.fixture
+async def following(service_pool: asyncpg.Pool) -> AsyncIterator[LockService]:
+    """A service whose follower looks every 50 ms (the default), for what only the follower can see."""
+    svc = LockService(service_pool, BOUNDS, wait_poll_s=0.05)
+    yield svc
+    await svc.close()
+
+
+async def _take(service: LockService, resource: str, owner: str, ttl_ms: int = 30_000) -> int:
+    result = await service.execute(Acquire(resource, owner, ttl_ms), CommandContext())
+    assert result.status_code == 201
+    token: int = json.loads(result.body)["fencing_token"]
+    return token
+
+
+async def _events(pool: asyncpg.Pool, resource: str) -> list[tuple[str, str, int]]:
+    rows = await pool.fetch(
+        "SELECT event_type, data->>'owner' AS owner, (data->>'fencing_token')::bigint AS token"
+        " FROM events WHERE stream_id = $1 ORDER BY stream_version",
+        resource,
+    )
+    return [(r["event_type"], r["owner"], r["token"]) for r in rows]
+
+
+async def test_a_waiting_acquire_is_granted_when_the_holder_releases(
+    service: LockService, resource: str
+) -> None:
+    held = await _take(service, resource, "holder")
+    waiting = asyncio.create_task(
+        service.execute(Acquire(resource, "waiter", 30_000, wait_ms=10_000), CommandContext())
+    )
+    await asyncio.sleep(0.3)
+    assert not waiting.done()  # it waits rather than answering 409
+    released_at = time.monotonic()
+    await service.execute(Release(resource, "holder", held), CommandContext())
+    result = await asyncio.wait_for(waiting, GUARD_S)
+    woke_after_s = time.monotonic() - released_at
+    assert result.status_code == 201
+    granted = json.loads(result.body)
+    assert granted["owner"] == "waiter"
+    assert granted["fencing_token"] > held
+    # Released through this same service: woken at once, not at the follower's next look (a minute).
+    assert woke_after_s < 5.0
+
+
+async def test_a_release_through_another_process_wakes_the_waiter(
+    following: LockService, service_pool: asyncpg.Pool, resource: str
+) -> None:
+    service = following
+    other_process = LockService(service_pool, BOUNDS)
+    held = await _take(other_process, resource, "holder")
+    waiting = asyncio.create_task(
+        service.execute(Acquire(resource, "waiter", 30_000, wait_ms=10_000), CommandContext())
+    )
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    await other_process.execute(Release(resource, "holder", held), CommandContext())
+    result = await asyncio.wait_for(waiting, GUARD_S)
+    assert json.loads(result.body)["owner"] == "waiter"
+
+
+async def test_a_lapsed_lease_is_taken_over_without_the_reaper(
+    following: LockService, service_pool: asyncpg.Pool, resource: str
+) -> None:
+    service = following
+    held = await _take(service, resource, "crashed", ttl_ms=500)  # its holder never comes back
+    started = time.monotonic()
+    result = await asyncio.wait_for(
+        service.execute(Acquire(resource, "waiter", 30_000, wait_ms=10_000), CommandContext()), GUARD_S
+    )
+    assert result.status_code == 201
+    assert 0.3 < time.monotonic() - started < 5.0
+    assert await _events(service_pool, resource) == [
+        ("LOCK_ACQUIRED", "crashed", held),
+        ("LOCK_EXPIRED", "crashed", held),  # appended by the waiter's own acquire (no reaper runs here)
+        ("LOCK_ACQUIRED", "waiter", held + 2),
+    ]
+
+
+async def test_a_wait_that_runs_out_is_the_usual_refusal(service: LockService, resource: str) -> None:
+    await _take(service, resource, "holder")
+    started = time.monotonic()
+    with pytest.raises(LockHeld) as refused:
+        await service.execute(Acquire(resource, "waiter", 30_000, wait_ms=600), CommandContext())
+    waited = time.monotonic() - started
+    assert refused.value.holder == "holder"
+    assert 0.6 <= waited < 3.0
+
+
+async def test_the_server_maximum_cuts_a_longer_wait(service_pool: asyncpg.Pool, resource: str) -> None:
+    service = LockService(service_pool, BOUNDS, max_wait_ms=400)
+    try:
+        await _take(service, resource, "holder")
+        started = time.monotonic()
+        with pytest.raises(LockHeld):
+            await service.execute(Acquire(resource, "waiter", 30_000, wait_ms=60_000), CommandContext())
+        assert 0.4 <= time.monotonic() - started < 3.0
+    finally:
+        await service.close()
+
+
+async def test_waiters_in_one_process_are_served_in_arrival_order(
+    service: LockService, service_pool: asyncpg.Pool, resource: str
+) -> None:
+    held = await _take(service, resource, "holder")
+    granted: list[str] = []
+
+    async def wait_then_hold(owner: str) -> None:
+        result = await service.execute(Acquire(resource, owner, 30_000, wait_ms=15_000), CommandContext())
+        granted.append(owner)
+        token = json.loads(result.body)["fencing_token"]
+        await asyncio.sleep(0.02)
+        await service.execute(Release(resource, owner, token), CommandContext())
+
+    waiters = []
+    for index in range(6):
+        waiters.append(asyncio.create_task(wait_then_hold(f"w{index}")))
+        await asyncio.sleep(0.05)  # a definite arrival order
+    await service.execute(Release(resource, "holder", held), CommandContext())
+    await asyncio.wait_for(asyncio.gather(*waiters), GUARD_S)
+    assert granted == [f"w{index}" for index in range(6)]
+    # A release wakes only the next in line (each waiter reads about twice: on arrival and on its turn);
+    # waking them all to race would cost one read per waiter per release (26 here).
+    assert service.reads < 3 * 6
+    acquired = [
+        (owner, token)
+        for kind, owner, token in await _events(service_pool, resource)
+        if kind == "LOCK_ACQUIRED"
+    ]
+    assert [owner for owner, _ in acquired] == ["holder", *granted]
+    tokens = [token for _, token in acquired]
+    assert tokens == sorted(set(tokens))  # strictly increasing
+
+
+async def test_no_lock_is_taken_for_a_caller_that_has_gone(
+    service: LockService, service_pool: asyncpg.Pool, resource: str
+) -> None:
+    held = await _take(service, resource, "holder")
+    gone = asyncio.Event()
+
+    async def disconnected() -> bool:
+        return gone.is_set()
+
+    waiting = asyncio.create_task(
+        service.execute(
+            Acquire(resource, "ghost", 30_000, wait_ms=10_000), CommandContext(), abandoned=disconnected
+        )
+    )
+    await asyncio.sleep(0.2)
+    gone.set()
+    await service.execute(Release(resource, "holder", held), CommandContext())
+    with pytest.raises(LockHeld):
+        await asyncio.wait_for(waiting, GUARD_S)
+    kinds = [kind for kind, _, _ in await _events(service_pool, resource)]
+    assert kinds == ["LOCK_ACQUIRED", "LOCK_RELEASED"]  # the ghost took nothing
+
+
+async def test_retries_of_one_waiting_acquire_take_one_lease(service: LockService, resource: str) -> None:
+    """A client that timed out waiting retries under the same Idempotency-Key while its first request
+    still waits: one lease, and the retry replays it."""
+    held = await _take(service, resource, "holder")
+    context = CommandContext(principal="waiter", idempotency_key=str(uuid.uuid4()))
+    command = Acquire(resource, "waiter", 30_000, wait_ms=10_000)
+    first = asyncio.create_task(service.execute(command, context))
+    await asyncio.sleep(0.1)
+    retry = asyncio.create_task(service.execute(command, context))
+    await asyncio.sleep(0.1)
+    await service.execute(Release(resource, "holder", held), CommandContext())
+    results = await asyncio.wait_for(asyncio.gather(first, retry), GUARD_S)
+    assert results[0].body == results[1].body
+    assert sorted(r.replayed for r in results) == [False, True]
+
+
+AGENTS = 24
+RESOURCES = 3
+CYCLES_PER_AGENT = 6
+
+
+async def test_a_crowd_of_waiters_keeps_one_holder_and_increasing_tokens(
+    service_pool: asyncpg.Pool, unique_prefix: str
+) -> None:
+    """Two services (two processes' worth of waiters) and 24 agents on three locks, every acquire
+    waiting: no agent is ever refused, at most one holds each lock at any instant (checked as they hold
+    it, and again in the log), and every grant's token is above the one before."""
+    services = [LockService(service_pool, BOUNDS, wait_poll_s=0.02) for _ in range(2)]
+    resources = [f"{unique_prefix}hot{i}" for i in range(RESOURCES)]
+    holders: dict[str, str | None] = dict.fromkeys(resources)
+    overlaps: list[str] = []
+    grants: dict[str, list[int]] = {r: [] for r in resources}
+
+    async def agent(index: int) -> None:
+        service = services[index % 2]
+        owner = f"agent{index}"
+        for cycle in range(CYCLES_PER_AGENT):
+            resource = resources[(index + cycle) % RESOURCES]
+            result = await service.execute(Acquire(resource, owner, 30_000, wait_ms=30_000), CommandContext())
+            token = json.loads(result.body)["fencing_token"]
+            if holders[resource] is not None:
+                overlaps.append(f"{owner} and {holders[resource]} on {resource}")
+            holders[resource] = owner
+            grants[resource].append(token)
+            await asyncio.sleep(0.002)
+            holders[resource] = None
+            await service.execute(Release(resource, owner, token), CommandContext())
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(agent(i) for i in range(AGENTS))), 120)
+    finally:
+        for service in services:
+            await service.close()
+    assert overlaps == []
+    assert sum(len(tokens) for tokens in grants.values()) == AGENTS * CYCLES_PER_AGENT
+    for resource in resources:
+        assert grants[resource] == sorted(set(grants[resource]))
+        events = await _events(service_pool, resource)
+        kinds = [kind for kind, _, _ in events]
+        # Every grant is followed by its own release before the next grant: one holder at a time.
+        assert kinds == ["LOCK_ACQUIRED", "LOCK_RELEASED"] * len(grants[resource])
+        assert [token for kind, _, token in events if kind == "LOCK_ACQUIRED"] == grants[resource]
+
+
+# --- over HTTP ---------------------------------------------------------------------------------------
+
+
+async def test_http_acquire_waits_for_the_release(http: httpx.AsyncClient, resource: str) -> None:
+    held = await http.post(f"/v1/locks/{resource}/acquire", json={"owner": "holder"})
+    assert held.status_code == 201
+    waiting = asyncio.create_task(
+        http.post(f"/v1/locks/{resource}/acquire", json={"owner": "waiter", "wait_ms": 10_000})
+    )
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    token = held.json()["fencing_token"]
+    released = await http.post(
+        f"/v1/locks/{resource}/release", json={"owner": "holder", "fencing_token": token}
+    )
+    assert released.status_code == 200
+    granted = await asyncio.wait_for(waiting, GUARD_S)
+    assert granted.status_code == 201
+    assert granted.json()["owner"] == "waiter"
+    assert granted.json()["fencing_token"] > token
+
+
+async def test_http_wait_that_runs_out_is_409(http: httpx.AsyncClient, resource: str) -> None:
+    await http.post(f"/v1/locks/{resource}/acquire", json={"owner": "holder"})
+    started = time.monotonic()
+    refused = await http.post(f"/v1/locks/{resource}/acquire", json={"owner": "waiter", "wait_ms": 500})
+    assert time.monotonic() - started >= 0.5
+    body = assert_problem(refused, 409, "lock_held")
+    assert body["holder"] == "holder"
+
+
+@pytest.mark.parametrize("wait_ms", [-1, "500", 1.5, True, 2**31 + 1])
+async def test_http_refuses_a_malformed_wait(http: httpx.AsyncClient, resource: str, wait_ms: object) -> None:
+    response = await http.post(f"/v1/locks/{resource}/acquire", json={"owner": "a", "wait_ms": wait_ms})
+    body = assert_problem(response, 422, "validation_error")
+    assert any("wait_ms" in str(error["loc"]) for error in body["errors"])
+
+
+async def test_http_a_client_that_gave_up_waiting_takes_no_lock(
+    server: ServerProcess, http: httpx.AsyncClient, resource: str
+) -> None:
+    held = await http.post(f"/v1/locks/{resource}/acquire", json={"owner": "holder"})
+    token = held.json()["fencing_token"]
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=0.3) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            await impatient.post(f"/v1/locks/{resource}/acquire", json={"owner": "ghost", "wait_ms": 10_000})
+    # The impatient client's connection is closed; the release wakes its request, which must see that.
+    await http.post(f"/v1/locks/{resource}/release", json={"owner": "holder", "fencing_token": token})
+    await asyncio.sleep(0.5)
+    state = (await http.get(f"/v1/locks/{resource}")).json()
+    assert state["status"] == "free"
+    history = (await http.get(f"/v1/locks/{resource}/history")).json()["events"]
+    assert [event["type"] for event in history] == ["LOCK_ACQUIRED", "LOCK_RELEASED"]
