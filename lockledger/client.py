@@ -178,6 +178,18 @@ def _ttl_ms(ttl_ms: int | None) -> dict[str, Any]:
     return {} if ttl_ms is None else {"ttl_ms": ttl_ms}
 
 
+def _wait_ms(wait_ms: int) -> dict[str, Any]:
+    if wait_ms < 0:
+        raise ValueError("wait_ms must be >= 0")
+    return {"wait_ms": wait_ms} if wait_ms else {}
+
+
+def _waiting_timeout(base: httpx.Timeout, wait_s: float) -> httpx.Timeout:
+    """The client's timeout with the server's wait added to the read, so a waiting acquire is not cut off."""
+    read = None if base.read is None else base.read + wait_s
+    return httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
+
+
 class _Base:
     """Configuration, breaker bookkeeping and response classification shared by both clients."""
 
@@ -213,9 +225,10 @@ class _Base:
     def _headers(key: str | None) -> dict[str, str] | None:
         return {"Idempotency-Key": key} if key else None
 
-    def _settle(self, response: httpx.Response, started: float) -> httpx.Response:
-        """Record the attempt in the breaker (a 4xx means a healthy server) and raise typed errors."""
-        elapsed = time.monotonic() - started
+    def _settle(self, response: httpx.Response, started: float, wait_s: float = 0.0) -> httpx.Response:
+        """Record the attempt in the breaker (a 4xx means a healthy server) and raise typed errors. The time
+        a waiting acquire was allowed to wait for the lock is not the server being slow."""
+        elapsed = max(0.0, time.monotonic() - started - wait_s)
         if response.status_code >= 500:
             self.breaker.on_error(elapsed)
         else:
@@ -224,9 +237,9 @@ class _Base:
             raise error_from_response(response)
         return response
 
-    def _failed(self, exc: BaseException, started: float) -> None:
+    def _failed(self, exc: BaseException, started: float, wait_s: float = 0.0) -> None:
         if isinstance(exc, httpx.TransportError):
-            self.breaker.on_error(time.monotonic() - started)
+            self.breaker.on_error(max(0.0, time.monotonic() - started - wait_s))
         else:  # cancelled, or a bug of ours: says nothing about the server's health
             self.breaker.release_permission()
 
@@ -279,25 +292,32 @@ class AsyncClient(_Base):
         *,
         json: dict[str, Any] | None = None,
         params: dict[str, Any] | None = None,
+        wait_s: float = 0.0,
     ) -> Any:
         key = str(uuid.uuid4()) if method == "POST" else None  # one key for every attempt of this command
+        timeout = _waiting_timeout(self._http.timeout, wait_s) if wait_s else httpx.USE_CLIENT_DEFAULT
         async for attempt in self._retries():
             with attempt:
                 self.breaker.acquire_permission()  # CircuitOpen here: nothing was sent
                 started = time.monotonic()
                 try:
                     response = await self._http.request(
-                        method, path, json=json, params=params, headers=self._headers(key)
+                        method, path, json=json, params=params, headers=self._headers(key), timeout=timeout
                     )
                 except BaseException as exc:
-                    self._failed(exc, started)
+                    self._failed(exc, started, wait_s)
                     raise
-                return self._settle(response, started).json()
+                return self._settle(response, started, wait_s).json()
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
-    async def acquire(self, resource: str, owner: str | None = None, ttl_ms: int | None = None) -> LeaseInfo:
-        body = {**_owner(owner), **_ttl_ms(ttl_ms)}
-        return LeaseInfo.from_json(await self._request("POST", f"/v1/locks/{resource}/acquire", json=body))
+    async def acquire(
+        self, resource: str, owner: str | None = None, ttl_ms: int | None = None, wait_ms: int = 0
+    ) -> LeaseInfo:
+        """Take the lock; if it is held, the server waits up to ``wait_ms`` (at most its
+        ``LOCKLEDGER_MAX_WAIT_MS``) for it to come free before raising ``LockHeld``."""
+        body = {**_owner(owner), **_ttl_ms(ttl_ms), **_wait_ms(wait_ms)}
+        path = f"/v1/locks/{resource}/acquire"
+        return LeaseInfo.from_json(await self._request("POST", path, json=body, wait_s=wait_ms / 1000))
 
     async def renew(
         self, resource: str, owner: str | None, fencing_token: int, ttl_ms: int | None = None
@@ -438,25 +458,32 @@ class Client(_Base):
         *,
         json: dict[str, Any] | None = None,
         params: dict[str, Any] | None = None,
+        wait_s: float = 0.0,
     ) -> Any:
         key = str(uuid.uuid4()) if method == "POST" else None
+        timeout = _waiting_timeout(self._http.timeout, wait_s) if wait_s else httpx.USE_CLIENT_DEFAULT
         for attempt in self._retries():
             with attempt:
                 self.breaker.acquire_permission()
                 started = time.monotonic()
                 try:
                     response = self._http.request(
-                        method, path, json=json, params=params, headers=self._headers(key)
+                        method, path, json=json, params=params, headers=self._headers(key), timeout=timeout
                     )
                 except BaseException as exc:
-                    self._failed(exc, started)
+                    self._failed(exc, started, wait_s)
                     raise
-                return self._settle(response, started).json()
+                return self._settle(response, started, wait_s).json()
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
-    def acquire(self, resource: str, owner: str | None = None, ttl_ms: int | None = None) -> LeaseInfo:
-        body = {**_owner(owner), **_ttl_ms(ttl_ms)}
-        return LeaseInfo.from_json(self._request("POST", f"/v1/locks/{resource}/acquire", json=body))
+    def acquire(
+        self, resource: str, owner: str | None = None, ttl_ms: int | None = None, wait_ms: int = 0
+    ) -> LeaseInfo:
+        """Take the lock; if it is held, the server waits up to ``wait_ms`` (at most its
+        ``LOCKLEDGER_MAX_WAIT_MS``) for it to come free before raising ``LockHeld``."""
+        body = {**_owner(owner), **_ttl_ms(ttl_ms), **_wait_ms(wait_ms)}
+        path = f"/v1/locks/{resource}/acquire"
+        return LeaseInfo.from_json(self._request("POST", path, json=body, wait_s=wait_ms / 1000))
 
     def renew(
         self, resource: str, owner: str | None, fencing_token: int, ttl_ms: int | None = None

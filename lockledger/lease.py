@@ -1,5 +1,8 @@
 """Managed leases: acquire (optionally waiting), renew in the background, know when the lease is lost.
 
+Waiting (``wait=``) happens on the server: the acquire carries ``wait_ms`` and is answered when the lock
+comes free (waiters on one server process in arrival order) or the wait runs out.
+
 The safety rule. A renewal extends the server deadline to ``db_now + ttl`` where ``db_now`` is at or after
 the moment the request left this process, so ``t_sent + ttl`` on the local monotonic clock is never later
 than the server deadline. The lease keeps a *local deadline*
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -35,13 +37,11 @@ __all__ = ["AsyncLease", "Lease"]
 
 log = logging.getLogger("lockledger.lease")
 
-_BACKOFF_INITIAL_S = 0.05
-_BACKOFF_MAX_S = 1.0
 
-
-def _backoff(attempt: int) -> float:
-    """Full-jitter exponential backoff for acquire-while-held, so waiting agents do not stampede."""
-    return random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_INITIAL_S * 2**attempt))
+def _wait_ms(remaining_s: float) -> int:
+    """What is left of the caller's ``wait``, for the server to wait with (it wakes on the release, so
+    waiting agents neither poll nor stampede)."""
+    return max(0, int(remaining_s * 1000))
 
 
 class _LeaseState:
@@ -80,6 +80,15 @@ class _LeaseState:
     @property
     def renew_interval(self) -> float:
         return self.ttl / 3
+
+    def _granted_late(self, sent_at: float) -> bool:
+        """Whether the acquire may have been granted long after it was sent (it waited on the server).
+
+        The local deadline counts from when the request left, which is safe only while the grant came
+        soon after: a lease granted 20 s into a wait would be believed lost at once. Past a sixth of the
+        TTL the lease is renewed straight away, and the deadline counts from the renewal instead.
+        """
+        return time.monotonic() - sent_at > self.ttl / 6
 
     def _granted(self, info: LeaseInfo, sent_at: float) -> None:
         self.owner = info.owner
@@ -138,18 +147,18 @@ class AsyncLease(_LeaseState):
 
     async def _acquire(self) -> None:
         give_up_at = time.monotonic() + self.wait
-        attempt = 0
         while True:
             sent_at = time.monotonic()
+            wait_ms = _wait_ms(give_up_at - sent_at)
             try:
-                info = await self._client.acquire(self.resource, self.owner, self.ttl_ms)
+                info = await self._client.acquire(self.resource, self.owner, self.ttl_ms, wait_ms)
             except LockHeld:
-                remaining = give_up_at - time.monotonic()
-                if remaining <= 0:
+                if time.monotonic() >= give_up_at:
                     raise
-                await asyncio.sleep(min(remaining, _backoff(attempt)))
-                attempt += 1
-                continue
+                continue  # the server waits at most its own maximum: ask again for what is left
+            if self._granted_late(sent_at):
+                sent_at = time.monotonic()
+                info = await self._client.renew(self.resource, info.owner, info.fencing_token, self.ttl_ms)
             self._granted(info, sent_at)
             return
 
@@ -238,18 +247,18 @@ class Lease(_LeaseState):
 
     def _acquire(self) -> None:
         give_up_at = time.monotonic() + self.wait
-        attempt = 0
         while True:
             sent_at = time.monotonic()
+            wait_ms = _wait_ms(give_up_at - sent_at)
             try:
-                info = self._client.acquire(self.resource, self.owner, self.ttl_ms)
+                info = self._client.acquire(self.resource, self.owner, self.ttl_ms, wait_ms)
             except LockHeld:
-                remaining = give_up_at - time.monotonic()
-                if remaining <= 0:
+                if time.monotonic() >= give_up_at:
                     raise
-                time.sleep(min(remaining, _backoff(attempt)))
-                attempt += 1
-                continue
+                continue  # the server waits at most its own maximum: ask again for what is left
+            if self._granted_late(sent_at):
+                sent_at = time.monotonic()
+                info = self._client.renew(self.resource, info.owner, info.fencing_token, self.ttl_ms)
             self._granted(info, sent_at)
             return
 

@@ -87,6 +87,27 @@ async def test_wait_acquires_when_the_holder_releases_in_time(server: ServerProc
         await releaser
 
 
+async def test_a_lease_granted_late_in_its_wait_counts_its_deadline_from_a_renewal(
+    server: ServerProcess, resource: str
+) -> None:
+    """The local deadline counts from when the request left; after 1.5 s waiting on the server for a
+    3 s lease, that would leave 1.2 s. The lease renews at once and counts from the renewal instead."""
+    async with AsyncClient(server.base_url) as client:
+        held = await client.acquire(resource, "other", ttl_ms=10_000)
+
+        async def release_soon() -> None:
+            await asyncio.sleep(1.5)
+            await client.release(resource, "other", held.fencing_token)
+
+        releaser = asyncio.create_task(release_soon())
+        async with client.lock(resource, owner="me", ttl=3, wait=5) as lease:
+            assert lease.deadline - time.monotonic() > 3 * 0.9 - 0.5
+            assert not lease.lost.is_set()
+            events = (await client.history(resource)).events
+            assert [e.type for e in events][-2:] == ["LOCK_ACQUIRED", "LOCK_RENEWED"]
+        await releaser
+
+
 async def test_wait_gives_up_with_lock_held(server: ServerProcess, resource: str) -> None:
     async with AsyncClient(server.base_url) as client:
         await client.acquire(resource, "other", ttl_ms=10_000)
