@@ -84,6 +84,13 @@ def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
     )
     p.add_argument("--renews", type=int, default=defaults.renews, help="renews per cycle (default: 0)")
     p.add_argument(
+        "--wait-ms",
+        type=int,
+        default=defaults.wait_ms,
+        help="HTTP acquires carry wait_ms: lockledger waits that long for a held lock instead of answering "
+        "409 at once (the no-op twin parses it and grants); the baselines still ask once (default: 0)",
+    )
+    p.add_argument(
         "--server-workers",
         type=_ints,
         default=defaults.server_workers,
@@ -133,6 +140,7 @@ def config_from_args(argv: list[str] | None = None, prog: str = "python -m bench
         duration_s=args.duration,
         warmup_s=args.warmup,
         renews=args.renews,
+        wait_ms=args.wait_ms,
         server_workers=args.server_workers,
         database_url=args.database_url,
         out=args.out,
@@ -142,6 +150,10 @@ def config_from_args(argv: list[str] | None = None, prog: str = "python -m bench
         seed=args.seed,
         repeat=args.repeat,
     )
+    if not 0 <= config.wait_ms < config.request_timeout_s * 1000:
+        parser(prog).error(
+            f"--wait-ms must be in [0, {config.request_timeout_s * 1000:.0f}), the request timeout"
+        )
     if args.quick:
         config = quick_config(config)
     return replace(config, targets=tuple(t for t in ALL_TARGETS if t in config.targets))

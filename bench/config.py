@@ -21,6 +21,7 @@ class BenchConfig:
     warmup_s: float = 1.5
     renews: int = 0
     ttl_ms: int = 30_000
+    wait_ms: int = 0  # lockledger's acquires wait this long for a held lock (the server's wait_ms)
     server_workers: tuple[int, ...] = (1,)
     database_url: str | None = None
     out: Path | None = None

@@ -106,7 +106,9 @@ class BenchRun:
     def _http_target(self, name: str, server: LockledgerServer) -> Target:
         prefix = LOCKS_PREFIX if name == "lockledger" else NOOP_PREFIX
         client = make_client(self.http_client, server.host, server.port, self.config.request_timeout_s)
-        return HttpLockTarget(name, prefix, client, self.run_id, self.config.ttl_ms, self.tokens)
+        return HttpLockTarget(
+            name, prefix, client, self.run_id, self.config.ttl_ms, self.tokens, wait_ms=self.config.wait_ms
+        )
 
     async def _mint_tokens(self) -> None:
         """One agent token per simulated agent (the largest W), all in one statement."""

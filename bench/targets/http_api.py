@@ -30,12 +30,15 @@ def _failure(command: str, status: int, body: bytes) -> CommandFailed:
 class HttpAgent:
     """One agent on its own connection, which carries its token (the token's name owns its leases)."""
 
-    def __init__(self, connection: HttpConnection, prefix: str, key_prefix: str, ttl_ms: int) -> None:
+    def __init__(
+        self, connection: HttpConnection, prefix: str, key_prefix: str, ttl_ms: int, wait_ms: int = 0
+    ) -> None:
         self._connection = connection
         self._prefix = prefix
         self._keys = count()
         self._key_prefix = key_prefix
-        self._acquire_body = json.dumps({"ttl_ms": ttl_ms}).encode()
+        body: dict[str, int] = {"ttl_ms": ttl_ms, **({"wait_ms": wait_ms} if wait_ms else {})}
+        self._acquire_body = json.dumps(body).encode()
 
     def _key(self) -> str:
         return f"{self._key_prefix}{next(self._keys)}"
@@ -70,7 +73,14 @@ class HttpLockTarget:
     """
 
     def __init__(
-        self, name: str, prefix: str, client: HttpClient, run_id: str, ttl_ms: int, tokens: Sequence[str]
+        self,
+        name: str,
+        prefix: str,
+        client: HttpClient,
+        run_id: str,
+        ttl_ms: int,
+        tokens: Sequence[str],
+        wait_ms: int = 0,
     ) -> None:
         self.name = name
         self.safety = Safety(exclusive=True, monotonic_tokens=True) if prefix == LOCKS_PREFIX else None
@@ -78,6 +88,7 @@ class HttpLockTarget:
         self._client = client
         self._keys_prefix = f"{run_id}-{uuid.uuid4().hex[:8]}-{name}"  # unique per target instance
         self._ttl_ms = ttl_ms
+        self._wait_ms = wait_ms
         self._tokens = tokens
         self._cells = count()
         self._cell = 0
@@ -97,6 +108,7 @@ class HttpLockTarget:
             self._prefix,
             key_prefix=f"{self._keys_prefix}-{self._cell}-{index}-",
             ttl_ms=self._ttl_ms,
+            wait_ms=self._wait_ms,
         )
 
     async def end_cell(self) -> None:
@@ -111,4 +123,5 @@ class HttpLockTarget:
             "http_client": self._client.kind,
             "idempotency_key": True,
             "auth": AUTH,
+            "acquire_wait_ms": self._wait_ms,
         }

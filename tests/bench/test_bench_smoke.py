@@ -128,3 +128,30 @@ def test_the_bench_server_wants_a_token_and_each_agent_sends_its_own(database_ur
             assert asyncio.run(owners(kind, names)) == names, kind
     finally:
         server.stop()
+
+
+def test_waiting_acquires_on_hot_locks_take_turns_instead_of_conflicting(
+    database_url: str, tmp_path: Path
+) -> None:
+    """``--wait-ms``: 16 agents on 8 hot locks, every acquire waiting up to 5 s. The server hands each
+    lock to its waiters as it comes free, so no acquire is refused, and the safety checker still finds
+    one holder at a time and tokens that only rise."""
+    config = BenchConfig(
+        targets=("lockledger",),
+        workers=(16,),
+        modes=("hot",),
+        database_url=database_url,
+        out=tmp_path / "bench.jsonl",
+        duration_s=1.0,
+        warmup_s=0.3,
+        wait_ms=5_000,
+    )
+    _path, cells, summary = run(config, Console(stderr=True, quiet=True))
+    (cell,) = cells
+    assert cell["target_config"]["acquire_wait_ms"] == 5_000
+    assert cell["cycles"] > 0
+    assert cell["errors"] == 0, cell["error_samples"]
+    assert cell["conflicts"] == 0
+    assert cell["violations"] == 0, cell["safety"]
+    assert cell["safety"]["grants_checked"] >= cell["cycles"]
+    assert summary["violations"] == 0
