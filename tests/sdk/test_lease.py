@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from lockledger import AsyncClient, BreakerConfig, CircuitBreaker, Client, LockHeld, LockLost
+from lockledger.client import LeaseInfo
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.storage
@@ -70,15 +71,15 @@ async def test_lease_is_kept_alive_by_renewals_and_released(server: ServerProces
     assert "LOCK_EXPIRED" not in types
 
 
+async def _release_after(client: AsyncClient, held: LeaseInfo, delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    await client.release(held.resource, held.owner, held.fencing_token)
+
+
 async def test_wait_acquires_when_the_holder_releases_in_time(server: ServerProcess, resource: str) -> None:
     async with AsyncClient(server.base_url) as client:
         held = await client.acquire(resource, "other", ttl_ms=10_000)
-
-        async def release_soon() -> None:
-            await asyncio.sleep(0.5)
-            await client.release(resource, "other", held.fencing_token)
-
-        releaser = asyncio.create_task(release_soon())
+        releaser = asyncio.create_task(_release_after(client, held, 0.5))
         started = time.monotonic()
         async with client.lock(resource, owner="me", ttl=5, wait=3) as lease:
             assert time.monotonic() - started >= 0.5
@@ -94,12 +95,7 @@ async def test_a_lease_granted_late_in_its_wait_counts_its_deadline_from_a_renew
     3 s lease, that would leave 1.2 s. The lease renews at once and counts from the renewal instead."""
     async with AsyncClient(server.base_url) as client:
         held = await client.acquire(resource, "other", ttl_ms=10_000)
-
-        async def release_soon() -> None:
-            await asyncio.sleep(1.5)
-            await client.release(resource, "other", held.fencing_token)
-
-        releaser = asyncio.create_task(release_soon())
+        releaser = asyncio.create_task(_release_after(client, held, 1.5))
         async with client.lock(resource, owner="me", ttl=3, wait=5) as lease:
             assert lease.deadline - time.monotonic() > 3 * 0.9 - 0.5
             assert not lease.lost.is_set()
