@@ -102,8 +102,9 @@ class Waiters:
             return await attempt()
         except LockHeld as held:
             refusal = held
-        # No other task ran since the refusal (it was raised synchronously from the decision), so a
-        # release committed by this process cannot fall between the refusal and joining the line.
+        # No other task ran between the refusal and joining the line. A release this process committed
+        # after the refusal's read but before its answer came back woke nobody (there was no line yet);
+        # the follower sees that one at its next look.
         started = time.monotonic()
         give_up_at = started + wait_s
         async with self.line(resource) as line:
