@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import structlog
 from fastapi import FastAPI
 
 from api import commands, health, noop, problems, queries, tokens
+from api.draining import DRAIN
 from api.limits import install_limits
 from service import garbage_collection, loop_lag
 from service.authenticator import Authenticator
@@ -41,7 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[Mapping[str, Any]]:
         pool = await create_pool(settings)
         app.state.pool = pool
         # Queries and history read through the read-only role, on a replica when one is configured.
@@ -82,7 +84,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lag_watch = asyncio.create_task(loop_lag.watch(), name="event-loop-lag")
         garbage_collection.tune_after_startup()
         try:
-            yield
+            # The HTTP protocol finds the drain here when uvicorn begins a graceful shutdown.
+            yield {DRAIN: app.state.lock_service.drain}
         finally:
             lag_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -59,9 +59,10 @@ def _migrate(url: str) -> None:
 
 # uvicorn without per-request work the service does not need: access lines (structlog and /metrics cover
 # it), proxy header rewriting (no proxy in front by default), Server and Date headers; and httptools with
-# a cap on unfinished request heads (it holds one in memory without bound; this protocol answers 431).
+# a cap on unfinished request heads (it holds one in memory without bound; this protocol answers 431),
+# which also ends waiting acquires when a graceful shutdown begins (api/draining.py).
 _UVICORN_OPTIONS: dict[str, Any] = {
-    "http": "api.limits:HeaderCappedHttpToolsProtocol",
+    "http": "api.draining:DrainingHttpToolsProtocol",
     "access_log": False,
     "proxy_headers": False,
     "server_header": False,

@@ -18,7 +18,8 @@ class IdempotencyKeyReused(ServiceError):
 
 
 class Unavailable(ServiceError):
-    """The database cannot be reached, or a resource is too contended to decide in bounded time (503)."""
+    """The database cannot be reached, a resource is too contended to decide in bounded time, or the server
+    is shutting down while a request waits (503)."""
 
     code = "unavailable"
 

@@ -31,6 +31,7 @@ from prometheus_client import Gauge, Histogram
 
 from domain.errors import LockHeld
 from service.database import connection
+from service.errors import Unavailable
 
 log = structlog.get_logger("lockledger.waiters")
 
@@ -44,6 +45,7 @@ _WAITED = Histogram(
 _GRANTED = _WAITED.labels("granted")
 _TIMED_OUT = _WAITED.labels("timed_out")
 _ABANDONED = _WAITED.labels("abandoned")
+_SHUT_DOWN = _WAITED.labels("shutdown")
 
 T = TypeVar("T")
 
@@ -82,6 +84,7 @@ class Waiters:
         self._acquire_timeout_s = acquire_timeout_s
         self._lines: dict[str, Line] = {}
         self._follower: asyncio.Task[None] | None = None
+        self._draining = False
 
     @property
     def waiting(self) -> int:
@@ -107,6 +110,8 @@ class Waiters:
         # the follower sees that one at its next look.
         started = time.monotonic()
         give_up_at = started + wait_s
+        if self._draining:
+            raise _shutting_down()
         async with self.line(resource) as line:
             # Behind others, the lock has changed hands since the refusal: try as soon as it is our turn.
             # First in line, the refusal is still the news: wait for a wake before trying again.
@@ -119,7 +124,12 @@ class Waiters:
                 raise refusal from None
             try:
                 while True:
+                    if self._draining:
+                        _SHUT_DOWN.observe(time.monotonic() - started)
+                        raise _shutting_down()
                     if try_at_once or await line.wait_freed(give_up_at - time.monotonic()):
+                        if self._draining:
+                            continue
                         if abandoned is not None and await abandoned():
                             _ABANDONED.observe(time.monotonic() - started)
                             raise refusal
@@ -162,6 +172,12 @@ class Waiters:
         if line is not None:
             line.freed.set()
 
+    def drain(self) -> None:
+        """End every wait now with 503 (the server is shutting down), and refuse to start new ones."""
+        self._draining = True
+        for line in self._lines.values():
+            line.freed.set()
+
     async def close(self) -> None:
         if self._follower is not None:
             self._follower.cancel()
@@ -187,3 +203,7 @@ class Waiters:
                     self.freed(row["resource"])
         finally:
             self._follower = None
+
+
+def _shutting_down() -> Unavailable:
+    return Unavailable("this server is shutting down; retry", retry_after_s=1)

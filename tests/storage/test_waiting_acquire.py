@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,7 +19,7 @@ from domain.commands import Acquire, Release
 from domain.errors import LockHeld
 from domain.resource import TtlBounds
 from service.lock_service import CommandContext, LockService
-from tests.conftest import ServerProcess, assert_problem
+from tests.conftest import ServerProcess, assert_problem, running_server
 
 pytestmark = pytest.mark.storage
 
@@ -310,3 +311,26 @@ async def test_http_a_client_that_gave_up_waiting_takes_no_lock(
     assert state["status"] == "free"
     history = (await http.get(f"/v1/locks/{resource}/history")).json()["events"]
     assert [event["type"] for event in history] == ["LOCK_ACQUIRED", "LOCK_RELEASED"]
+
+
+async def test_a_graceful_shutdown_answers_waiting_acquires_at_once(database_url: str, resource: str) -> None:
+    """SIGTERM while an acquire waits for a held lock (30 s at most, the default): the wait ends with 503
+    and Retry-After now, instead of holding the shutdown until the wait runs out."""
+    with running_server(database_url, {}) as server:
+        assert server.process is not None
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            held = await client.post(f"/v1/locks/{resource}/acquire", json={"owner": "holder"})
+            assert held.status_code == 201
+            waiting = asyncio.create_task(
+                client.post(f"/v1/locks/{resource}/acquire", json={"owner": "waiter", "wait_ms": 25_000})
+            )
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+            stopped_at = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            answer = await asyncio.wait_for(waiting, GUARD_S)
+            assert time.monotonic() - stopped_at < 5.0
+            assert_problem(answer, 503, "unavailable")
+            assert answer.headers["retry-after"] == "1"
+        await asyncio.to_thread(server.process.wait, 10)
+        assert time.monotonic() - stopped_at < 10.0
