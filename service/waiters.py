@@ -98,9 +98,11 @@ class Waiters:
         abandoned: Callable[[], Awaitable[bool]] | None = None,
     ) -> T:
         """``attempt()``, and again each time ``resource`` may have come free, until it is not refused
-        with ``LockHeld`` or ``wait_s`` has passed (then the last refusal is raised). ``abandoned`` says
-        whether the caller has gone (its connection closed): it is asked before each new attempt, so a
-        lock is never taken for a client that stopped waiting."""
+        with ``LockHeld`` or ``wait_s`` has passed. The answer at the deadline is a last attempt, not the
+        refusal remembered from the last wake: it may still be granted, and a database that went away
+        meanwhile is reported as such (503), not as a holder it can no longer vouch for. ``abandoned``
+        says whether the caller has gone (its connection closed): it is asked before each new attempt,
+        so a lock is never taken for a client that stopped waiting."""
         try:
             return await attempt()
         except LockHeld as held:
@@ -120,33 +122,52 @@ class Waiters:
                 async with asyncio.timeout(give_up_at - time.monotonic()):
                     await line.turn.acquire()
             except TimeoutError:
-                _TIMED_OUT.observe(time.monotonic() - started)
-                raise refusal from None
+                return await self._last_attempt(attempt, abandoned, refusal, started)
             try:
                 while True:
+                    woken = try_at_once or await line.wait_freed(give_up_at - time.monotonic())
                     if self._draining:
                         _SHUT_DOWN.observe(time.monotonic() - started)
                         raise _shutting_down()
-                    if try_at_once or await line.wait_freed(give_up_at - time.monotonic()):
-                        if self._draining:
-                            continue
-                        if abandoned is not None and await abandoned():
-                            _ABANDONED.observe(time.monotonic() - started)
-                            raise refusal
-                        line.freed.clear()  # a release from now on wakes the next wait
-                        try:
-                            result = await attempt()
-                        except LockHeld as held:
-                            refusal = held
-                        else:
-                            _GRANTED.observe(time.monotonic() - started)
-                            return result
-                    if time.monotonic() >= give_up_at:
-                        _TIMED_OUT.observe(time.monotonic() - started)
+                    if not woken:  # the wait ran out with no wake since the last refusal
+                        return await self._last_attempt(attempt, abandoned, refusal, started)
+                    if abandoned is not None and await abandoned():
+                        _ABANDONED.observe(time.monotonic() - started)
                         raise refusal
+                    line.freed.clear()  # a release from now on wakes the next wait
+                    try:
+                        result = await attempt()
+                    except LockHeld as held:
+                        if time.monotonic() >= give_up_at:
+                            _TIMED_OUT.observe(time.monotonic() - started)
+                            raise
+                        refusal = held
+                    else:
+                        _GRANTED.observe(time.monotonic() - started)
+                        return result
                     try_at_once = False
             finally:
                 line.turn.release()
+
+    @staticmethod
+    async def _last_attempt(
+        attempt: Callable[[], Awaitable[T]],
+        abandoned: Callable[[], Awaitable[bool]] | None,
+        refusal: LockHeld,
+        started: float,
+    ) -> T:
+        """The wait ran out with no wake since the last refusal: decide once more, so the answer is
+        the state now (a grant, a holder, or 503 when the database cannot say)."""
+        if abandoned is not None and await abandoned():
+            _ABANDONED.observe(time.monotonic() - started)
+            raise refusal
+        try:
+            result = await attempt()
+        except LockHeld:
+            _TIMED_OUT.observe(time.monotonic() - started)
+            raise
+        _GRANTED.observe(time.monotonic() - started)
+        return result
 
     @contextlib.asynccontextmanager
     async def line(self, resource: str) -> AsyncIterator[Line]:

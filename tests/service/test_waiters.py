@@ -131,8 +131,9 @@ def test_a_free_lock_goes_at_once_to_the_next_in_line(schedule: list[Agent]) -> 
     assert len(outcomes) == len(schedule)  # every agent got an answer
     assert sorted(who for who, _ in lock.grants) == sorted(w for w, o in outcomes.items() if o == "granted")
     assert all(idle < HANDOFF_SLACK_S for idle in lock.idle_while_awaited), lock.idle_while_awaited
-    # Nobody polls: each agent tries on arrival and when its turn comes, and a release wakes one agent.
-    assert lock.attempts <= 2 * len(schedule) + len(lock.grants)
+    # Nobody polls: each agent tries on arrival, when its turn comes and when its wait runs out, and a
+    # release wakes one agent.
+    assert lock.attempts <= 3 * len(schedule) + len(lock.grants)
     assert lock.holder is None
     assert waiters.waiting == 0
     assert not waiters._lines  # no line outlives its waiters

@@ -18,8 +18,10 @@ import pytest
 from domain.commands import Acquire, Release
 from domain.errors import LockHeld
 from domain.resource import TtlBounds
+from service.database_guard import UNREACHABLE
+from service.errors import Unavailable
 from service.lock_service import CommandContext, LockService
-from tests.conftest import ServerProcess, assert_problem, running_server
+from tests.conftest import ServerProcess, TestDatabase, assert_problem, frozen, running_server
 
 pytestmark = pytest.mark.storage
 
@@ -334,3 +336,29 @@ async def test_a_graceful_shutdown_answers_waiting_acquires_at_once(database_url
             assert answer.headers["retry-after"] == "1"
         await asyncio.to_thread(server.process.wait, 10)
         assert time.monotonic() - stopped_at < 10.0
+
+
+async def test_a_wait_that_runs_out_decides_once_more(service: LockService, resource: str) -> None:
+    """The answer at the deadline is a fresh decision: a lease that lapsed by then is taken over, though
+    nothing woke the waiter (this service's follower looks once a minute)."""
+    held = await _take(service, resource, "crashed", ttl_ms=600)
+    result = await service.execute(Acquire(resource, "waiter", 30_000, wait_ms=1_000), CommandContext())
+    granted = json.loads(result.body)
+    assert granted["owner"] == "waiter"
+    assert granted["fencing_token"] == held + 2  # after the LOCK_EXPIRED its own acquire appended
+
+
+async def test_a_database_gone_during_the_wait_is_503_not_a_stale_holder(
+    test_database: TestDatabase, service: LockService, resource: str
+) -> None:
+    """Frozen while the acquire waits: the deadline's decision cannot be made, and says so (the API
+    answers these errors 503 ``unavailable``) rather than naming a holder from before the outage."""
+    if test_database.postgres_pid is None:
+        pytest.skip("the database server is not ours to freeze")
+    await _take(service, resource, "holder")
+    waiting = asyncio.create_task(
+        service.execute(Acquire(resource, "waiter", 30_000, wait_ms=1_000), CommandContext())
+    )
+    await asyncio.sleep(0.3)
+    with frozen(test_database.postgres_pid), pytest.raises((Unavailable, *UNREACHABLE)):
+        await asyncio.wait_for(waiting, GUARD_S)
