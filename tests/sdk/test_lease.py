@@ -180,3 +180,22 @@ def test_sync_lease_renews_releases_and_detects_loss(server: ServerProcess, reso
             with pytest.raises(LockLost):
                 lease.check()
             transport.cut = False
+
+
+def test_sync_lease_waits_on_the_server_across_its_maximum(server: ServerProcess, resource: str) -> None:
+    """The test server waits at most 2 s per request; a 6 s ``wait`` asks again for what is left, and is
+    granted when the holder releases 3 s in, with a deadline counted from after the grant."""
+    with Client(server.base_url) as client:
+        held = client.acquire(resource, "other", ttl_ms=10_000)
+        releaser = threading.Timer(3.0, client.release, (resource, "other", held.fencing_token))
+        releaser.start()
+        started = time.monotonic()
+        try:
+            with client.lock(resource, owner="me", ttl=3, wait=6) as lease:
+                waited = time.monotonic() - started
+                assert 3.0 <= waited < 5.5
+                assert lease.fencing_token > held.fencing_token
+                assert lease.deadline - time.monotonic() > 3 * 0.9 - 0.5
+        finally:
+            releaser.join()
+        assert client.get_lock(resource).status == "free"
