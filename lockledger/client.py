@@ -212,11 +212,12 @@ class _Base:
     def _auth(headers: dict[str, str] | None, token: str | None) -> dict[str, str]:
         return {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
 
-    def _retries(self) -> Any:
+    def _retries(self, wait_s: float = 0.0) -> Any:
+        """stamina's retries; a waiting acquire's own wait does not use up the time left for them."""
         return stamina.retry_context(
             on=_retry_hook,
             attempts=self.retry_attempts,
-            timeout=self.retry_timeout_s,
+            timeout=self.retry_timeout_s + wait_s,
             wait_initial=0.05,
             wait_max=2.0,
         )
@@ -296,7 +297,7 @@ class AsyncClient(_Base):
     ) -> Any:
         key = str(uuid.uuid4()) if method == "POST" else None  # one key for every attempt of this command
         timeout = _waiting_timeout(self._http.timeout, wait_s) if wait_s else httpx.USE_CLIENT_DEFAULT
-        async for attempt in self._retries():
+        async for attempt in self._retries(wait_s):
             with attempt:
                 self.breaker.acquire_permission()  # CircuitOpen here: nothing was sent
                 started = time.monotonic()
@@ -462,7 +463,7 @@ class Client(_Base):
     ) -> Any:
         key = str(uuid.uuid4()) if method == "POST" else None
         timeout = _waiting_timeout(self._http.timeout, wait_s) if wait_s else httpx.USE_CLIENT_DEFAULT
-        for attempt in self._retries():
+        for attempt in self._retries(wait_s):
             with attempt:
                 self.breaker.acquire_permission()
                 started = time.monotonic()

@@ -347,3 +347,28 @@ def test_importing_the_sdk_pulls_in_no_server_code() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+async def test_a_waiting_acquire_cut_by_a_restart_is_retried_and_granted(
+    database_url: str, unique_prefix: str
+) -> None:
+    """SIGTERM while the SDK's acquire waits on the server: the server answers 503 at once, and the SDK
+    retries under the same key (its retry time grows by the wait, here 1 s + 20 s) until the restarted
+    server grants the lease once the holder releases."""
+    resource = f"{unique_prefix}dock"
+    server = ServerProcess(database_url, free_port(), {})
+    server.start()
+    try:
+        async with AsyncClient(server.base_url, retry_timeout_s=1.0) as client:
+            held = await client.acquire(resource, "holder", ttl_ms=60_000)
+            waiting = asyncio.create_task(client.acquire(resource, "waiter", wait_ms=20_000))
+            await asyncio.sleep(1.5)  # past the plain retry time
+            assert not waiting.done()
+            server.stop()  # SIGTERM: the waiting acquire is answered 503, and the client retries
+            await asyncio.to_thread(server.start)
+            await client.release(resource, "holder", held.fencing_token)
+            lease = await asyncio.wait_for(waiting, 30)
+            assert lease.owner == "waiter"
+            assert lease.fencing_token > held.fencing_token
+    finally:
+        server.stop()
