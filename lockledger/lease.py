@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -38,10 +39,23 @@ __all__ = ["AsyncLease", "Lease"]
 log = logging.getLogger("lockledger.lease")
 
 
+_BACKOFF_INITIAL_S = 0.05
+_BACKOFF_MAX_S = 1.0
+
+
 def _wait_ms(remaining_s: float) -> int:
     """What is left of the caller's ``wait``, for the server to wait with (it wakes on the release, so
     waiting agents neither poll nor stampede)."""
     return max(0, int(remaining_s * 1000))
+
+
+def _pause_before_asking_again(sent_at: float, wait_ms: int, refusals: int) -> float:
+    """0 when the server waited before refusing (it waits at most its ``LOCKLEDGER_MAX_WAIT_MS``): ask
+    again at once for what is left. A refusal that came back at once from a server that does not wait
+    (a maximum of 0) gets full-jitter exponential backoff instead, so agents do not spin on it."""
+    if time.monotonic() - sent_at >= 0.5 * min(1.0, wait_ms / 1000):
+        return 0.0
+    return random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_INITIAL_S * 2 ** min(refusals, 10)))
 
 
 class _LeaseState:
@@ -147,6 +161,7 @@ class AsyncLease(_LeaseState):
 
     async def _acquire(self) -> None:
         give_up_at = time.monotonic() + self.wait
+        refusals = 0
         while True:
             sent_at = time.monotonic()
             wait_ms = _wait_ms(give_up_at - sent_at)
@@ -155,7 +170,10 @@ class AsyncLease(_LeaseState):
             except LockHeld:
                 if time.monotonic() >= give_up_at:
                     raise
-                continue  # the server waits at most its own maximum: ask again for what is left
+                pause = _pause_before_asking_again(sent_at, wait_ms, refusals)
+                await asyncio.sleep(min(pause, max(0.0, give_up_at - time.monotonic())))
+                refusals += 1
+                continue
             if self._granted_late(sent_at):
                 sent_at = time.monotonic()
                 info = await self._client.renew(self.resource, info.owner, info.fencing_token, self.ttl_ms)
@@ -247,6 +265,7 @@ class Lease(_LeaseState):
 
     def _acquire(self) -> None:
         give_up_at = time.monotonic() + self.wait
+        refusals = 0
         while True:
             sent_at = time.monotonic()
             wait_ms = _wait_ms(give_up_at - sent_at)
@@ -255,7 +274,10 @@ class Lease(_LeaseState):
             except LockHeld:
                 if time.monotonic() >= give_up_at:
                     raise
-                continue  # the server waits at most its own maximum: ask again for what is left
+                pause = _pause_before_asking_again(sent_at, wait_ms, refusals)
+                time.sleep(min(pause, max(0.0, give_up_at - time.monotonic())))
+                refusals += 1
+                continue
             if self._granted_late(sent_at):
                 sent_at = time.monotonic()
                 info = self._client.renew(self.resource, info.owner, info.fencing_token, self.ttl_ms)

@@ -12,7 +12,7 @@ import pytest
 
 from lockledger import AsyncClient, BreakerConfig, CircuitBreaker, Client, LockHeld, LockLost
 from lockledger.client import LeaseInfo
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, running_server
 
 pytestmark = pytest.mark.storage
 
@@ -31,6 +31,18 @@ class Cuttable(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class Counting(Cuttable):
+    """Counts the requests that reach the network."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        return await super().handle_async_request(request)
 
 
 class SyncCuttable(httpx.BaseTransport):
@@ -199,3 +211,19 @@ def test_sync_lease_waits_on_the_server_across_its_maximum(server: ServerProcess
         finally:
             releaser.join()
         assert client.get_lock(resource).status == "free"
+
+
+async def test_a_server_that_does_not_wait_is_not_polled_in_a_spin(database_url: str, resource: str) -> None:
+    """With ``LOCKLEDGER_MAX_WAIT_MS=0`` every refusal comes back at once; the lease backs off between
+    asking (full jitter, up to 1 s) instead of asking again at once for 1.5 s."""
+    with running_server(database_url, {"LOCKLEDGER_MAX_WAIT_MS": "0"}) as server:
+        transport = Counting()
+        async with AsyncClient(server.base_url, transport=transport) as client:
+            await client.acquire(resource, "other", ttl_ms=10_000)
+            transport.requests = 0
+            started = time.monotonic()
+            with pytest.raises(LockHeld):
+                async with client.lock(resource, owner="me", ttl=5, wait=1.5):
+                    pytest.fail("must not acquire")
+            assert 1.5 <= time.monotonic() - started < 3.0
+            assert 3 <= transport.requests <= 30
