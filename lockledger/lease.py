@@ -43,7 +43,7 @@ _BACKOFF_INITIAL_S = 0.05
 _BACKOFF_MAX_S = 1.0
 
 
-def _wait_ms(remaining_s: float) -> int:
+def _remaining_ms(remaining_s: float) -> int:
     """What is left of the caller's ``wait``, for the server to wait with (it wakes on the release, so
     waiting agents neither poll nor stampede)."""
     return max(0, int(remaining_s * 1000))
@@ -164,7 +164,7 @@ class AsyncLease(_LeaseState):
         refusals = 0
         while True:
             sent_at = time.monotonic()
-            wait_ms = _wait_ms(give_up_at - sent_at)
+            wait_ms = _remaining_ms(give_up_at - sent_at)
             try:
                 info = await self._client.acquire(self.resource, self.owner, self.ttl_ms, wait_ms)
             except LockHeld:
@@ -268,7 +268,7 @@ class Lease(_LeaseState):
         refusals = 0
         while True:
             sent_at = time.monotonic()
-            wait_ms = _wait_ms(give_up_at - sent_at)
+            wait_ms = _remaining_ms(give_up_at - sent_at)
             try:
                 info = self._client.acquire(self.resource, self.owner, self.ttl_ms, wait_ms)
             except LockHeld:

@@ -186,11 +186,6 @@ class LockService:
 
         return await self.guard.run(work)
 
-    @property
-    def max_wait_ms(self) -> int:
-        """The longest an acquire waits for a held lock; a longer ``wait_ms`` is cut to this."""
-        return self._max_wait_ms
-
     def drain(self) -> None:
         """The server is shutting down: every waiting acquire answers 503 now, and none waits from now on."""
         self._waiters.drain()

@@ -263,15 +263,23 @@ async def test_a_crowd_of_waiters_keeps_one_holder_and_increasing_tokens(
 # --- over HTTP ---------------------------------------------------------------------------------------
 
 
-async def test_http_acquire_waits_for_the_release(http: httpx.AsyncClient, resource: str) -> None:
-    held = await http.post(f"/v1/locks/{resource}/acquire", json={"owner": "holder"})
+async def _waiting_behind_a_holder(
+    client: httpx.AsyncClient, resource: str, wait_ms: int, settle_s: float
+) -> tuple[int, asyncio.Task[httpx.Response]]:
+    """``holder`` takes the lock; ``waiter``'s acquire is still waiting ``settle_s`` later. The holder's
+    token, and the waiting request."""
+    held = await client.post(f"/v1/locks/{resource}/acquire", json={"owner": "holder"})
     assert held.status_code == 201
     waiting = asyncio.create_task(
-        http.post(f"/v1/locks/{resource}/acquire", json={"owner": "waiter", "wait_ms": 10_000})
+        client.post(f"/v1/locks/{resource}/acquire", json={"owner": "waiter", "wait_ms": wait_ms})
     )
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(settle_s)
     assert not waiting.done()
-    token = held.json()["fencing_token"]
+    return held.json()["fencing_token"], waiting
+
+
+async def test_http_acquire_waits_for_the_release(http: httpx.AsyncClient, resource: str) -> None:
+    token, waiting = await _waiting_behind_a_holder(http, resource, 10_000, settle_s=0.3)
     released = await http.post(
         f"/v1/locks/{resource}/release", json={"owner": "holder", "fencing_token": token}
     )
@@ -321,13 +329,7 @@ async def test_a_graceful_shutdown_answers_waiting_acquires_at_once(database_url
     with running_server(database_url, {}) as server:
         assert server.process is not None
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
-            held = await client.post(f"/v1/locks/{resource}/acquire", json={"owner": "holder"})
-            assert held.status_code == 201
-            waiting = asyncio.create_task(
-                client.post(f"/v1/locks/{resource}/acquire", json={"owner": "waiter", "wait_ms": 25_000})
-            )
-            await asyncio.sleep(0.5)
-            assert not waiting.done()
+            _, waiting = await _waiting_behind_a_holder(client, resource, 25_000, settle_s=0.5)
             stopped_at = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
             answer = await asyncio.wait_for(waiting, GUARD_S)
