@@ -97,8 +97,10 @@ async def test_the_command_path_sessions_prefer_an_index(
         await read_pool.close()
 
 
-# A plausible value of each parameter type the statements take; arrays hold 32 of them.
+# A plausible value of each parameter type the statements take; arrays (and a batch's JSON document, an
+# array of rows) hold 32 of them.
 VALUES = {
+    "json": "('[' || rtrim(repeat('{}, ', 32), ', ') || ']')",
     "text": "'zone:A3'",
     "bigint": "1",
     "integer": "1",
