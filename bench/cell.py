@@ -14,7 +14,7 @@ from bench.sampler import MACHINE, Sampler, usage
 from bench.server_metrics import Samples, inside, scrape
 from bench.stats import summarize_ms
 from bench.targets.base import Target
-from bench.workload import Control, run_agent
+from bench.workload import Control, Pace, run_agent
 
 LATENCY_COMMANDS = ("acquire", "renew", "release", "conflict")
 
@@ -29,6 +29,7 @@ class CellSpec:
     duration_s: float
     warmup_s: float
     renews: int
+    rate: float | None = None  # attempts per second across the cell's agents (workload.Pace); None: closed
 
 
 async def run_cell(
@@ -54,7 +55,15 @@ async def run_cell(
     server_view: dict[str, Any] | None = None
     tasks = [
         asyncio.create_task(
-            run_agent(target.agent(i), resources, spec.renews, recorder, control, seed * 100_003 + i)
+            run_agent(
+                target.agent(i),
+                resources,
+                spec.renews,
+                recorder,
+                control,
+                seed * 100_003 + i,
+                None if spec.rate is None else Pace.spread(spec.rate, spec.workers, i),
+            )
         )
         for i in range(spec.workers)
     ]
@@ -96,6 +105,7 @@ async def run_cell(
         "renews": spec.renews,
         "duration_s": round(window, 3),
         "warmup_s": spec.warmup_s,
+        "offered_per_s": spec.rate,
         "cycles": recorder.cycles,
         "cycles_per_s": round(recorder.cycles / window, 1),
         "conflicts": recorder.conflicts,

@@ -42,6 +42,16 @@ def _positive(text: str) -> int:
     return values[0]
 
 
+def _rate(text: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"attempts per second, not {text!r}") from None
+    if not rate > 0:
+        raise argparse.ArgumentTypeError(f"a positive rate, not {text!r}")
+    return rate
+
+
 def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
     defaults = BenchConfig()
     p = argparse.ArgumentParser(
@@ -89,6 +99,14 @@ def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
         default=defaults.wait_ms,
         help="HTTP acquires carry wait_ms: lockledger waits that long for a held lock instead of answering "
         "409 at once (the no-op twin parses it and grants); the baselines still ask once (default: 0)",
+    )
+    p.add_argument(
+        "--rate",
+        type=_rate,
+        default=defaults.rate,
+        help="offer each cell this many attempts per second, spread evenly over its W agents (an open "
+        "loop; latency counts from each attempt's scheduled start); default: closed loop, each agent "
+        "starts its next cycle when the last one ends",
     )
     p.add_argument(
         "--server-workers",
@@ -141,6 +159,7 @@ def config_from_args(argv: list[str] | None = None, prog: str = "python -m bench
         warmup_s=args.warmup,
         renews=args.renews,
         wait_ms=args.wait_ms,
+        rate=args.rate,
         server_workers=args.server_workers,
         database_url=args.database_url,
         out=args.out,

@@ -22,6 +22,7 @@ class BenchConfig:
     renews: int = 0
     ttl_ms: int = 30_000
     wait_ms: int = 0  # lockledger's acquires wait this long for a held lock (the server's wait_ms)
+    rate: float | None = None  # attempts per second offered to each cell (an open loop); None: closed
     server_workers: tuple[int, ...] = (1,)
     database_url: str | None = None
     out: Path | None = None

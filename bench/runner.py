@@ -30,7 +30,7 @@ from bench.database import BenchDatabase, provision
 from bench.environment import environment
 from bench.http_client import make_client
 from bench.output import JsonLines, default_path
-from bench.ratios import check_goals, compute_ratios
+from bench.ratios import MIN_KEPT_UP_PCT, check_goals, compute_ratios
 from bench.repeats import median_cells
 from bench.server import LockledgerServer
 from bench.targets.base import Target
@@ -248,6 +248,7 @@ class BenchRun:
             duration_s=config.duration_s,
             warmup_s=config.warmup_s,
             renews=config.renews,
+            rate=config.rate,
         )
         if http:
             assert server is not None
@@ -303,8 +304,26 @@ class BenchRun:
                 f"(max {max(others):.0f}%): every target had less CPU than on a quiet machine"
             )
 
+    def _open_loop_note(self) -> None:
+        rate = self.config.rate
+        if rate is None:
+            return
+        behind = sorted(
+            {
+                f"{c['target']} {c['mode']} W={c['workers']}"
+                for c in self.cells
+                if c["cycles_per_s"] + c["conflicts_per_s"] < rate * MIN_KEPT_UP_PCT / 100
+            }
+        )
+        self.notes.append(
+            f"open loop: every cell was offered {rate:g} attempts/s, spread evenly over its agents, and an "
+            "acquire's latency counts from its scheduled start; the ratios compare targets at that one load"
+            + (f"; fell behind the schedule: {', '.join(behind)}" if behind else "")
+        )
+
     def _summary(self) -> dict[str, Any]:
         self._contention_note()
+        self._open_loop_note()
         reported = median_cells(self.cells)
         ratios = compute_ratios(reported)
         config = asdict(self.config)

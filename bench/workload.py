@@ -2,6 +2,13 @@
 
 Agents stop only between cycles, so every lease taken is released before the cell ends and the next cell
 starts with no lock held.
+
+By default the loop is closed: an agent starts its next cycle as soon as the last one ends, so the
+offered load is whatever the target can take, and its latency is set by its throughput (Little's law).
+With a ``Pace`` the loop is open: the agent starts an attempt (an acquire, then its renews and release if
+granted) on a fixed schedule, and an acquire's latency counts from the scheduled start, not from when the
+agent got round to sending it. A target that falls behind the schedule therefore shows the wait in its
+latency rather than hiding it (what wrk2 calls correcting for coordinated omission).
 """
 
 from __future__ import annotations
@@ -22,6 +29,20 @@ class Control:
     stopping: bool = False
 
 
+@dataclass(frozen=True)
+class Pace:
+    """One attempt every ``interval_s``, the first at ``offset_s`` after the agent starts."""
+
+    interval_s: float
+    offset_s: float = 0.0
+
+    @classmethod
+    def spread(cls, rate: float, workers: int, index: int) -> Pace:
+        """Agent ``index`` of ``workers`` sharing ``rate`` attempts per second: each attempts every
+        workers/rate s, and their schedules are staggered by 1/rate, so the target sees an even stream."""
+        return cls(interval_s=workers / rate, offset_s=index / rate)
+
+
 def resource_names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(count)]
 
@@ -33,13 +54,22 @@ async def run_agent(
     recorder: Recorder,
     control: Control,
     seed: int,
+    pace: Pace | None = None,
 ) -> None:
     rng = random.Random(seed)
     pick = rng.randrange
     n = len(resources)
+    due = perf_counter() + (pace.offset_s if pace else 0.0)
     while not control.stopping:
+        if pace is None:
+            started = perf_counter()
+        else:
+            if (ahead := due - perf_counter()) > 0:
+                await asyncio.sleep(ahead)
+                if control.stopping:
+                    break
+            started, due = due, due + pace.interval_s
         resource = resources[pick(n)]
-        started = perf_counter()
         try:
             token = await agent.acquire(resource)
         except Exception as error:
