@@ -127,14 +127,17 @@ class LockService:
         self._appending = AppendsInFlight()
         self._max_wait_ms = max_wait_ms
         self._waiters = Waiters(pool, poll_s=wait_poll_s, acquire_timeout_s=acquire_timeout_s)
-        # Batches of one make a coalescer a plain pass-through (for measuring what coalescing gains).
+        # Batches of one, each sent at once, make a coalescer a plain pass-through (for measuring what
+        # coalescing gains).
         batch = 256 if coalesce else 1
         in_flight = 4 if coalesce else pool.get_max_size()
+        late_factor = 2.0 if coalesce else None
         self._loads: Coalescer[_LoadRequest, Snapshot] = Coalescer(
             self._load_one,
             self._load_many,
             max_in_flight=in_flight,
             max_batch=batch,
+            late_factor=late_factor,
             retry_alone=_about_the_batch,
             on_batch=_batch_observer("load"),
         )
@@ -143,6 +146,7 @@ class LockService:
             self._commit_many,
             max_in_flight=in_flight,
             max_batch=batch,
+            late_factor=late_factor,
             keys=_plan_keys,
             retry_alone=_about_the_batch,
             on_batch=_batch_observer("commit"),

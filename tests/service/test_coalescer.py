@@ -126,3 +126,98 @@ async def test_every_batch_is_reported_with_its_size_and_round_trip() -> None:
     # counts that one batch of ten, with its whole time, the failed attempt and the retries (1 ms each).
     assert [n for n, _ in reported] == [10]
     assert reported[0][1] >= 0.002
+
+
+class _Lanes:
+    """A backend that counts how many batches are out at once; a batch holding ``stuck`` waits for
+    ``release`` (a row lock, a slow statement), every other one takes ``seconds``."""
+
+    def __init__(self, seconds: float, stuck: int | None = None) -> None:
+        self.seconds = seconds
+        self.stuck = stuck
+        self.release = asyncio.Event()
+        self.out = 0
+        self.most_out = 0
+        self.batches: list[list[int]] = []
+
+    async def _serve(self, requests: list[int]) -> list[int]:
+        self.out += 1
+        self.most_out = max(self.most_out, self.out)
+        try:
+            if self.stuck in requests:
+                await self.release.wait()
+            else:
+                await asyncio.sleep(self.seconds)
+        finally:
+            self.out -= 1
+        self.batches.append(list(requests))
+        return [r * 10 for r in requests]
+
+    async def one(self, request: int) -> int:
+        return (await self._serve([request]))[0]
+
+    async def many(self, requests: list[int]) -> list[int]:
+        return await self._serve(requests)
+
+
+async def _trickle(coalescer: Coalescer[int, int], count: int, every_s: float) -> list[int]:
+    """``count`` requests, one every ``every_s``: a moderate load, never a burst."""
+    tasks = []
+    for request in range(count):
+        tasks.append(asyncio.create_task(coalescer.submit(request)))
+        await asyncio.sleep(every_s)
+    return list(await asyncio.gather(*tasks))
+
+
+async def test_while_batches_come_back_on_time_one_is_out_and_arrivals_ride_the_next() -> None:
+    """At a moderate load (a request every 2 ms, round trips of 10 ms) the requests do not go out one
+    per round trip into spare lanes: one batch is out at a time, and those that arrived meanwhile
+    leave together."""
+    backend = _Lanes(seconds=0.01)
+    # Late only past ten round trips, so a slow test machine cannot make a batch late here.
+    coalescer: Coalescer[int, int] = Coalescer(backend.one, backend.many, max_in_flight=4, late_factor=10.0)
+    await coalescer.submit(-1)  # until a round trip has been timed, any batch out 1 ms counts as late
+    backend.batches.clear()
+    assert await _trickle(coalescer, 40, 0.002) == [r * 10 for r in range(40)]
+    assert backend.most_out == 1
+    assert len(backend.batches) <= 15  # 40 requests over about 90 ms of 10 ms round trips
+    assert sorted(r for batch in backend.batches for r in batch) == list(range(40))
+
+
+async def test_every_batch_may_go_out_at_once_without_a_late_factor() -> None:
+    """``late_factor=None`` (the pass-through when coalescing is off): no request waits for another's
+    round trip while the cap allows, so the same trickle goes out in several lanes."""
+    backend = _Lanes(seconds=0.01)
+    coalescer: Coalescer[int, int] = Coalescer(backend.one, backend.many, max_in_flight=4, late_factor=None)
+    await _trickle(coalescer, 40, 0.002)
+    assert backend.most_out == 4
+    assert len(backend.batches) > 15
+
+
+async def test_a_late_batch_does_not_hold_up_the_requests_behind_it() -> None:
+    """A batch stuck behind a row lock: after twice the usual round trip the next requests get a lane
+    of their own and are answered while it is still out."""
+    backend = _Lanes(seconds=0.002, stuck=100)
+    coalescer: Coalescer[int, int] = Coalescer(backend.one, backend.many, max_in_flight=4)
+    await _trickle(coalescer, 10, 0.001)  # the usual round trip: 2 ms
+    stuck = asyncio.create_task(coalescer.submit(100))
+    await asyncio.sleep(0.001)
+    started = asyncio.get_running_loop().time()
+    try:
+        behind = await asyncio.wait_for(asyncio.gather(*(coalescer.submit(r) for r in range(200, 205))), 1.0)
+        assert behind == [r * 10 for r in range(200, 205)]
+        assert asyncio.get_running_loop().time() - started < 0.1
+        assert not stuck.done()
+    finally:
+        backend.release.set()
+    assert await stuck == 1000
+
+
+async def test_late_batches_never_exceed_the_cap() -> None:
+    """However many batches are late, no more than ``max_in_flight`` are out."""
+    backend = _Lanes(seconds=0.05)
+    coalescer: Coalescer[int, int] = Coalescer(
+        backend.one, backend.many, max_in_flight=3, min_late_s=0.001, late_factor=0.01
+    )
+    assert await _trickle(coalescer, 30, 0.003) == [r * 10 for r in range(30)]
+    assert backend.most_out == 3
