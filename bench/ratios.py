@@ -89,10 +89,15 @@ def _throughput_checks(tag: str, row: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def answered_pct(cell: Cell, offered: float) -> float | None:
+    """An open-loop cell's attempts answered (granted or refused), as a share of those offered."""
+    return _ratio(cell["cycles_per_s"] + cell["conflicts_per_s"], offered, 100)
+
+
 def _kept_up_check(tag: str, cell: Cell, offered: float) -> dict[str, Any]:
     """With a fixed offered rate (--rate) every target that keeps up does the same cycles/s, so the
     throughput ratios say nothing; what matters is whether lockledger kept up, and its latency then."""
-    kept_up = _ratio(cell["cycles_per_s"] + cell["conflicts_per_s"], offered, 100)
+    kept_up = answered_pct(cell, offered)
     return _check(
         tag + f"attempts answered of {offered:g}/s offered",
         kept_up,

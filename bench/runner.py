@@ -30,7 +30,7 @@ from bench.database import BenchDatabase, provision
 from bench.environment import environment
 from bench.http_client import make_client
 from bench.output import JsonLines, default_path
-from bench.ratios import MIN_KEPT_UP_PCT, check_goals, compute_ratios
+from bench.ratios import MIN_KEPT_UP_PCT, answered_pct, check_goals, compute_ratios
 from bench.repeats import median_cells
 from bench.server import LockledgerServer
 from bench.targets.base import Target
@@ -312,7 +312,7 @@ class BenchRun:
             {
                 f"{c['target']} {c['mode']} W={c['workers']}"
                 for c in self.cells
-                if c["cycles_per_s"] + c["conflicts_per_s"] < rate * MIN_KEPT_UP_PCT / 100
+                if (answered_pct(c, rate) or 0.0) < MIN_KEPT_UP_PCT
             }
         )
         self.notes.append(

@@ -185,7 +185,10 @@ def _wait_ms(wait_ms: int) -> dict[str, Any]:
 
 
 def _waiting_timeout(base: httpx.Timeout, wait_s: float) -> httpx.Timeout:
-    """The client's timeout with the server's wait added to the read, so a waiting acquire is not cut off."""
+    """The client's timeout with the server's wait added to the read, so a waiting acquire is not cut off
+    (the client's own when nothing waits)."""
+    if not wait_s:
+        return base
     read = None if base.read is None else base.read + wait_s
     return httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
 
@@ -296,7 +299,7 @@ class AsyncClient(_Base):
         wait_s: float = 0.0,
     ) -> Any:
         key = str(uuid.uuid4()) if method == "POST" else None  # one key for every attempt of this command
-        timeout = _waiting_timeout(self._http.timeout, wait_s) if wait_s else httpx.USE_CLIENT_DEFAULT
+        timeout = _waiting_timeout(self._http.timeout, wait_s)
         async for attempt in self._retries(wait_s):
             with attempt:
                 self.breaker.acquire_permission()  # CircuitOpen here: nothing was sent
@@ -462,7 +465,7 @@ class Client(_Base):
         wait_s: float = 0.0,
     ) -> Any:
         key = str(uuid.uuid4()) if method == "POST" else None
-        timeout = _waiting_timeout(self._http.timeout, wait_s) if wait_s else httpx.USE_CLIENT_DEFAULT
+        timeout = _waiting_timeout(self._http.timeout, wait_s)
         for attempt in self._retries(wait_s):
             with attempt:
                 self.breaker.acquire_permission()

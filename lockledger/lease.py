@@ -38,7 +38,6 @@ __all__ = ["AsyncLease", "Lease"]
 
 log = logging.getLogger("lockledger.lease")
 
-
 _BACKOFF_INITIAL_S = 0.05
 _BACKOFF_MAX_S = 1.0
 
@@ -49,13 +48,16 @@ def _remaining_ms(remaining_s: float) -> int:
     return max(0, int(remaining_s * 1000))
 
 
-def _pause_before_asking_again(sent_at: float, wait_ms: int, refusals: int) -> float:
+def _pause_before_asking_again(sent_at: float, wait_ms: int, refusals: int, give_up_at: float) -> float:
     """0 when the server waited before refusing (it waits at most its ``LOCKLEDGER_MAX_WAIT_MS``): ask
     again at once for what is left. A refusal that came back at once from a server that does not wait
-    (a maximum of 0) gets full-jitter exponential backoff instead, so agents do not spin on it."""
-    if time.monotonic() - sent_at >= 0.5 * min(1.0, wait_ms / 1000):
+    (a maximum of 0) gets full-jitter exponential backoff instead, so agents do not spin on it. Never
+    past ``give_up_at``."""
+    now = time.monotonic()
+    if now - sent_at >= 0.5 * min(1.0, wait_ms / 1000):
         return 0.0
-    return random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_INITIAL_S * 2 ** min(refusals, 10)))
+    pause = random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_INITIAL_S * 2 ** min(refusals, 10)))
+    return min(pause, max(0.0, give_up_at - now))
 
 
 class _LeaseState:
@@ -170,8 +172,7 @@ class AsyncLease(_LeaseState):
             except LockHeld:
                 if time.monotonic() >= give_up_at:
                     raise
-                pause = _pause_before_asking_again(sent_at, wait_ms, refusals)
-                await asyncio.sleep(min(pause, max(0.0, give_up_at - time.monotonic())))
+                await asyncio.sleep(_pause_before_asking_again(sent_at, wait_ms, refusals, give_up_at))
                 refusals += 1
                 continue
             if self._granted_late(sent_at):
@@ -274,8 +275,7 @@ class Lease(_LeaseState):
             except LockHeld:
                 if time.monotonic() >= give_up_at:
                     raise
-                pause = _pause_before_asking_again(sent_at, wait_ms, refusals)
-                time.sleep(min(pause, max(0.0, give_up_at - time.monotonic())))
+                time.sleep(_pause_before_asking_again(sent_at, wait_ms, refusals, give_up_at))
                 refusals += 1
                 continue
             if self._granted_late(sent_at):

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import asyncpg
 from pydantic_core import to_json
 
-from domain.events import GRANTING_EVENTS, Event, event_payload
+from domain.events import GRANTING_EVENTS, LOCK_ACQUIRED, Event, event_payload
 from domain.state import LockState
 from domain.value import value
 from eventstore.connection import Connection
@@ -413,7 +413,7 @@ async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committ
             "status": p.status, "owner": p.owner, "token": p.fencing_token, "ttl": p.ttl_ms,
             "ended_expires_at": p.ended_expires_at, "ended_by": p.ended_by, "principal": p.principal,
             "key": p.key, "fingerprint": p.fingerprint.hex(), "status_code": p.status_code,
-            "response": p.response, "metadata": p.metadata, "acquires": "LOCK_ACQUIRED" in p.event_types,
+            "response": p.response, "metadata": p.metadata, "acquires": LOCK_ACQUIRED in p.event_types,
         })  # fmt: skip
         for ordinal, (event_type, data) in enumerate(zip(p.event_types, p.event_data, strict=True), start=1):
             events.append({"cmd": number, "ord": ordinal, "type": event_type, "data": data})
