@@ -29,6 +29,7 @@ from domain.events import GRANTING_EVENTS, LOCK_ACQUIRED, Event, event_payload
 from domain.state import LockState
 from domain.value import value
 from eventstore.connection import Connection
+from eventstore.event_ids import new_event_ids
 from projections.schema import lock_state_from_row
 
 LOAD_SQL = """
@@ -93,14 +94,14 @@ projected AS (
 # Shared by both shapes: append the events, record the idempotency key, return the response body.
 _APPEND_TAIL = """
 appended AS (
-    INSERT INTO events (stream_id, stream_version, event_type, data, metadata, recorded_at)
-    SELECT $1::text, $2::bigint + e.ord, e.event_type,
+    INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata, recorded_at)
+    SELECT $1::text, $2::bigint + e.ord, e.event_id, e.event_type,
            CASE WHEN $4::integer IS NOT NULL AND e.ord = cardinality($5::text[])
                 THEN e.data || jsonb_build_object('expires_at', stamped.new_expires_at)
                 ELSE e.data END,
            $7::jsonb, stamped.ts
       FROM stamped, projected,
-           unnest($5::text[], $6::jsonb[]) WITH ORDINALITY AS e(event_type, data, ord)
+           unnest($5::text[], $6::jsonb[], $19::uuid[]) WITH ORDINALITY AS e(event_type, data, event_id, ord)
  RETURNING position
 ),
 response AS (
@@ -210,7 +211,8 @@ def _snapshot(resource: str, row: asyncpg.Record) -> Snapshot:
 
 
 class _Parameters(NamedTuple):
-    """The commit statement's parameters for one plan, in ``$1..$18`` order (see ``_EXISTING_HEAD``)."""
+    """The commit statement's parameters for one plan, in ``$1..$18`` order (see ``_EXISTING_HEAD``); ``$19``,
+    the event ids, are made as it is sent."""
 
     resource: str
     expected_version: int
@@ -279,7 +281,7 @@ async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
         sql, p.resource, p.expected_version, p.require_live, p.grant_ttl_ms, p.event_types,
         [_json(data) for data in p.event_data], _json(p.metadata), p.status, p.owner, p.fencing_token,
         p.ttl_ms, p.ended_expires_at, p.ended_by, p.principal, p.key, p.fingerprint, p.status_code,
-        _json(p.response),
+        _json(p.response), new_event_ids(len(p.event_types)),
     )  # fmt: skip
     return None if row is None else Committed(row["response"], row["expires_at"])
 
@@ -366,13 +368,13 @@ projected AS (
  RETURNING 1
 ),
 appended AS (
-    INSERT INTO events (stream_id, stream_version, event_type, data, metadata, recorded_at)
-    SELECT ok.resource, ok.expected + e.ord, e.type,
+    INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata, recorded_at)
+    SELECT ok.resource, ok.expected + e.ord, e.id, e.type,
            CASE WHEN ok.grant_ttl IS NOT NULL AND e.ord = ok.n_events
                 THEN e.data || jsonb_build_object('expires_at', ok.new_expires_at)
                 ELSE e.data END,
            ok.metadata, ok.ts
-      FROM ok JOIN json_to_recordset($2::json) AS e(cmd bigint, ord bigint, type text, data jsonb)
+      FROM ok JOIN json_to_recordset($2::json) AS e(cmd bigint, ord bigint, id uuid, type text, data jsonb)
                    ON e.cmd = ok.cmd
      ORDER BY ok.resource, e.ord
  RETURNING 1
@@ -405,6 +407,7 @@ async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committ
         return []
     commands: list[dict[str, Any]] = []  # an object per plan: a row of COMMIT_MANY_SQL's c
     events: list[dict[str, Any]] = []  # an object per event: a row of its e
+    ids = iter(new_event_ids(sum(len(plan.events) for plan in plans)))
     for number, plan in enumerate(plans, start=1):
         p = _parameters(plan)
         commands.append({
@@ -416,7 +419,7 @@ async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committ
             "response": p.response, "metadata": p.metadata, "acquires": LOCK_ACQUIRED in p.event_types,
         })  # fmt: skip
         for ordinal, (event_type, data) in enumerate(zip(p.event_types, p.event_data, strict=True), start=1):
-            events.append({"cmd": number, "ord": ordinal, "type": event_type, "data": data})
+            events.append({"cmd": number, "ord": ordinal, "id": next(ids), "type": event_type, "data": data})
     rows = await conn.fetch(COMMIT_MANY_SQL, _json(commands), _json(events))
     by_command = {row["cmd"]: Committed(row["response"], row["expires_at"]) for row in rows}
     return [by_command.get(number) for number in range(1, len(plans) + 1)]

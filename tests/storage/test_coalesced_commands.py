@@ -21,6 +21,7 @@ from domain.errors import DomainError
 from domain.events import event_from_payload
 from domain.resource import TtlBounds
 from domain.state import LockState
+from eventstore.event_ids import new_event_ids
 from eventstore.verify import verify_chains
 from service import lock_store
 from service.idempotency import fingerprint
@@ -234,3 +235,36 @@ async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
             assert projected["expires_at"] == folded.expires_at
         report = await verify_chains(conn)
         assert report.ok, report.broken
+
+
+async def test_both_statements_store_the_event_ids_the_appender_made(
+    service_pool: asyncpg.Pool, unique_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ids come from ``new_event_ids``, not the column's ``gen_random_uuid()`` (three system calls per
+    event in an embedded PostgreSQL built without OpenSSL), and chain like any other."""
+    made: list[str] = []
+
+    def recorded(count: int) -> list[str]:
+        ids = new_event_ids(count)
+        made.extend(ids)
+        return ids
+
+    monkeypatch.setattr(lock_store, "new_event_ids", recorded)
+    alone, first, second = (f"{unique_prefix}{n}" for n in ("alone", "first", "second"))
+    async with service_pool.acquire() as conn:
+        state, now = await _state(conn, alone)
+        assert await lock_store.commit(conn, _plan(state, Acquire(alone, "bot1", 30_000), now)) is not None
+        plans = []
+        for resource in (first, second):
+            state, now = await _state(conn, resource)
+            plans.append(_plan(state, Acquire(resource, "bot1", 30_000), now))
+        assert None not in await lock_store.commit_many(conn, plans)
+        stored = await conn.fetch(
+            "SELECT stream_id, replace(event_id::text, '-', '') AS id FROM events"
+            " WHERE stream_id = ANY($1::text[]) ORDER BY position",
+            [alone, first, second],
+        )
+        report = await verify_chains(conn)
+    assert [row["stream_id"] for row in stored] == [alone, first, second]
+    assert [row["id"] for row in stored] == made
+    assert report.ok

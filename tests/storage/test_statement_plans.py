@@ -109,6 +109,7 @@ VALUES = {
     "timestamp with time zone": "now()",
     "bytea": "'\\x00'::bytea",
     "jsonb": "'{}'::jsonb",
+    "uuid": "gen_random_uuid()",
 }
 
 
