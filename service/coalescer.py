@@ -32,6 +32,9 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
+# A batch out longer than this many usual round trips is late, and what waits behind it gets a lane.
+LATE_FACTOR = 2.0
+
 Request = TypeVar("Request")
 Result = TypeVar("Result")
 
@@ -44,7 +47,7 @@ class Coalescer(Generic[Request, Result]):
         *,
         max_in_flight: int = 4,
         max_batch: int = 256,
-        late_factor: float | None = 2.0,
+        late_factor: float | None = LATE_FACTOR,
         min_late_s: float = 0.001,
         keys: Callable[[Request], Iterable[Hashable]] | None = None,
         retry_alone: Callable[[Exception], bool] = lambda error: True,

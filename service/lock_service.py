@@ -19,7 +19,7 @@ from domain.state import LockState, initial_state
 from domain.value import value
 from service import lock_store
 from service.appends_in_flight import AppendsInFlight
-from service.coalescer import Coalescer
+from service.coalescer import LATE_FACTOR, Coalescer
 from service.database import connection
 from service.database_guard import DatabaseGuard, is_unreachable
 from service.errors import Unavailable
@@ -131,7 +131,7 @@ class LockService:
         # coalescing gains).
         batch = 256 if coalesce else 1
         in_flight = 4 if coalesce else pool.get_max_size()
-        late_factor = 2.0 if coalesce else None
+        late_factor = LATE_FACTOR if coalesce else None
         self._loads: Coalescer[_LoadRequest, Snapshot] = Coalescer(
             self._load_one,
             self._load_many,
