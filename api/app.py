@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from api import commands, health, noop, problems, queries, tokens
 from api.draining import DRAIN
+from api.fast_path import CommandFastPath
 from api.limits import install_limits
 from service import garbage_collection, loop_lag
 from service.authenticator import Authenticator
@@ -107,11 +108,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     problems.install(app)
+    # First, as the commands would be in its place: a route matched later pays for every route tried.
+    command_routers = [noop.router, commands.router] if settings.bench_noop else [commands.router]
+    if not telemetry:
+        # Innermost of the app's middleware (added first), so the request limits still see every request.
+        routes = [route for router in command_routers for route in router.routes]
+        app.add_middleware(CommandFastPath, routes=routes, exception_handlers=app.exception_handlers)
     install_limits(app, settings)
-    if settings.bench_noop:
-        # First, as the commands would be in its place: a route matched later pays for every route tried.
-        app.include_router(noop.router)
-    app.include_router(commands.router)
+    for router in command_routers:
+        app.include_router(router)
     app.include_router(queries.router)
     app.include_router(tokens.router)
     app.include_router(health.router)
