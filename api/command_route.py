@@ -6,7 +6,8 @@ through its own pydantic field, re-inspecting the endpoint's signature (about 11
 in the no-op twin on this machine; docs/performance.md). A command endpoint needs far less, always the
 same: authenticate the caller, read three optional headers, check the resource segment, validate one JSON
 body. ``CommandRoute`` does exactly that, in that order (so a request without credentials is 401 before
-its body is looked at, as with FastAPI's dependencies), and then calls the endpoint.
+its body is looked at, as with FastAPI's dependencies), and then calls the endpoint. Its handler is
+reached past the router by ``api/fast_path.py``.
 
 The endpoint is still declared the FastAPI way, ``(resource: ResourcePath, body: SomeRequest, call:
 Holder)``, so the OpenAPI at ``/docs`` (path pattern, body schema, the headers ``CommandCaller``
