@@ -19,6 +19,7 @@ from api.app import create_app
 from api.command_route import CommandRoute
 from api.fast_path import CommandFastPath
 from service.config import Settings
+from tests.api.scopes import http_scope
 
 _UNUSED_DATABASE = "postgresql://unused@127.0.0.1/none"
 
@@ -50,17 +51,6 @@ def fast_path(app: FastAPI) -> CommandFastPath:
     found = _fast_path(app)
     assert found is not None
     return found
-
-
-def _scope(method: str, path: str, root_path: str = "") -> dict[str, Any]:
-    return {
-        "type": "http",
-        "method": method,
-        "path": root_path + path,
-        "root_path": root_path,
-        "headers": [],
-        "query_string": b"",
-    }
 
 
 def _routers_choice(app: FastAPI, scope: dict[str, Any]) -> Any:
@@ -99,7 +89,7 @@ _METHODS = st.sampled_from(["POST", "GET", "PUT", "HEAD"])
 def test_it_takes_exactly_what_the_router_gives_a_command_route(
     app: FastAPI, fast_path: CommandFastPath, method: str, path: str, root_path: str
 ) -> None:
-    scope = _scope(method, path, root_path)
+    scope = http_scope(method, path, root_path)
     chosen = _routers_choice(app, scope)
     selected = fast_path.select(dict(scope))
     if isinstance(chosen, CommandRoute) and method in (chosen.methods or ()):
@@ -115,7 +105,7 @@ def test_every_command_route_is_served_by_it(fast_path: CommandFastPath) -> None
     for route in [*commands.router.routes, *noop.router.routes]:
         assert isinstance(route, CommandRoute)
         path = route.path.replace("{resource}", "zone:A3")
-        selected = fast_path.select(_scope("POST", path))
+        selected = fast_path.select(http_scope("POST", path))
         assert selected is not None
         assert selected[0].endpoint is route.endpoint
         assert selected[1] == {"resource": "zone:A3"}

@@ -11,17 +11,7 @@ from starlette.routing import Match
 from api import noop
 from api.app import create_app
 from service.config import Settings
-
-
-def _scope(method: str, path: str, root_path: str = "") -> dict[str, Any]:
-    return {
-        "type": "http",
-        "method": method,
-        "path": root_path + path,
-        "root_path": root_path,
-        "headers": [],
-        "query_string": b"",
-    }
+from tests.api.scopes import http_scope
 
 
 @pytest.fixture
@@ -55,24 +45,24 @@ def test_a_command_path_never_tries_the_twins_routes(
 
     monkeypatch.setattr(APIRouter, "matches", counting)
     for path in ("/v1/locks/zone-A3/acquire", "/v1/locks/zone-A3/release"):
-        assert _match(bench_app_routes, _scope("POST", path)) is not None
-    assert _match(bench_app_routes, _scope("POST", "/v1/noopish/x/acquire")) is None
+        assert _match(bench_app_routes, http_scope("POST", path)) is not None
+    assert _match(bench_app_routes, http_scope("POST", "/v1/noopish/x/acquire")) is None
     assert tried == []
-    _match(bench_app_routes, _scope("POST", "/v1/noop/zone-A3/acquire"))
+    _match(bench_app_routes, http_scope("POST", "/v1/noop/zone-A3/acquire"))
     assert tried == ["/v1/noop/zone-A3/acquire"]
 
 
 def test_the_twin_still_serves_its_own_paths(bench_app_routes: list[Any]) -> None:
-    noop = _match(bench_app_routes, _scope("POST", "/v1/noop/zone-A3/acquire"))
-    command = _match(bench_app_routes, _scope("POST", "/v1/locks/zone-A3/acquire"))
+    noop = _match(bench_app_routes, http_scope("POST", "/v1/noop/zone-A3/acquire"))
+    command = _match(bench_app_routes, http_scope("POST", "/v1/locks/zone-A3/acquire"))
     assert noop is not None
     assert command is not None
     noop_index = noop[0]
     assert noop[1] == command[1] == Match.FULL
     assert noop_index < command[0]  # first, where the commands are without it
     # Behind a proxy's root path, and for a method it does not serve (405, not 404).
-    assert _match(bench_app_routes, _scope("POST", "/v1/noop/a/renew", root_path="/svc")) == (
+    assert _match(bench_app_routes, http_scope("POST", "/v1/noop/a/renew", root_path="/svc")) == (
         noop_index,
         Match.FULL,
     )
-    assert _match(bench_app_routes, _scope("GET", "/v1/noop/a/release")) == (noop_index, Match.PARTIAL)
+    assert _match(bench_app_routes, http_scope("GET", "/v1/noop/a/release")) == (noop_index, Match.PARTIAL)
