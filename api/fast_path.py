@@ -3,9 +3,10 @@
 An agent's acquire, heartbeat and release are nearly all of the traffic, and on their way from the HTTP
 server to ``CommandRoute``'s handler FastAPI passes each through five more layers that a command endpoint
 does not use: Starlette's exception middleware, FastAPI's exit-stack middleware, the router trying the
-included routers in turn, the route's own exit stacks (three ``AsyncExitStack`` per request, for
-dependencies with ``yield`` and uploaded files) and the exception wrapper around them (about a fifth of
-the no-op twin's server CPU, profiled in docs/performance.md). ``CommandFastPath`` sits innermost of the
+included routers in turn, the route's own two exit stacks (with the middleware's, three
+``AsyncExitStack`` per request, for dependencies with ``yield`` and uploaded files) and the exception
+wrapper around them. Together they were half of the no-op twin's server CPU per request (102-113 µs
+against 53-55 µs without them, under load; docs/performance.md). ``CommandFastPath`` sits innermost of the
 app's own middleware, so the request limits, the error middleware and FastAPI's outer layers still see
 every request, matches a POST against the command routes' own path patterns, and calls their handler,
 turning an exception into the response the app's exception handlers give (what Starlette's exception
