@@ -15,17 +15,13 @@ from hypothesis import strategies as st
 from starlette.routing import Match
 
 from api import commands, noop
-from api.app import create_app
 from api.command_route import CommandRoute
 from api.fast_path import CommandFastPath
-from service.config import Settings
-from tests.api.scopes import http_scope
-
-_UNUSED_DATABASE = "postgresql://unused@127.0.0.1/none"
+from tests.api.routing import bench_app, first_match, http_scope
 
 
 def _app(**overrides: Any) -> FastAPI:
-    app = create_app(Settings(dev_mode=True, bench_noop=True, database_url=_UNUSED_DATABASE, **overrides))
+    app = bench_app(**overrides)
     # No lifespan, so no database: dev mode needs no authenticator, and the no-op twin no service.
     app.state.authenticator = None
     app.state.lock_service = None
@@ -56,16 +52,13 @@ def fast_path(app: FastAPI) -> CommandFastPath:
 def _routers_choice(app: FastAPI, scope: dict[str, Any]) -> Any:
     """The route FastAPI's router hands this request to (first full match, as Starlette's router picks),
     looking into the included router that matched; None for a 404 or 405."""
-    for route in app.router.routes:
-        match, _ = route.matches(dict(scope))
-        if match == Match.FULL:
-            included: Any = getattr(route, "original_router", None)  # FastAPI's _IncludedRouter
-            for inner in included.routes if included is not None else [route]:
-                inner_match, _ = inner.matches(dict(scope))
-                if inner_match == Match.FULL:
-                    return inner
-            return route
-    return None
+    picked = first_match(app.router.routes, scope)
+    if picked is None or picked[1] != Match.FULL:
+        return None
+    route = app.router.routes[picked[0]]
+    included: Any = getattr(route, "original_router", None)  # FastAPI's _IncludedRouter
+    inner = None if included is None else first_match(included.routes, scope)
+    return included.routes[inner[0]] if inner is not None and inner[1] == Match.FULL else route
 
 
 _SEGMENTS = st.sampled_from(
