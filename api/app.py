@@ -108,7 +108,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     problems.install(app)
-    # First, as the commands would be in its place: a route matched later pays for every route tried.
+    # The twin first, where the commands are without it: a route the router matches later pays for every
+    # route tried before it (commands reach the router only with OpenTelemetry on).
     command_routers = [noop.router, commands.router] if settings.bench_noop else [commands.router]
     if not telemetry:
         # Innermost of the app's middleware (added first), so the request limits still see every request.
