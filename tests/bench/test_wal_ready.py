@@ -8,9 +8,7 @@ writes in the ``init`` context, which is what is checked."""
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -21,8 +19,8 @@ from lockledger.embedded import start
 
 
 @pytest.fixture(scope="module")
-def fresh_cluster_url() -> Iterator[str]:
-    server = start(Path(tempfile.mkdtemp(prefix="lockledger-wal-")) / "pgdata", delete_on_stop=True)
+def fresh_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = start(tmp_path_factory.mktemp("wal") / "pgdata", delete_on_stop=True)
     try:
         yield server.ensure_database("wal_ready")
     finally:
