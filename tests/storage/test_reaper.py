@@ -12,9 +12,10 @@ import json
 import random
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.storage
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 # --- (a) an abandoned lease, over HTTP, with the shared server's reaper (every 100 ms) -------------------
@@ -65,6 +68,11 @@ async def test_abandoned_lease_expires_within_a_second_of_its_deadline(
     assert event["data"]["fencing_token"] == lease["fencing_token"] == 1
     assert datetime.fromisoformat(event["data"]["expires_at"]) == deadline
     assert event["metadata"]["actor"] == "reaper"
+    # Its id is version 7 (RFC 9562) and carries the millisecond it was recorded, like every other event's.
+    event_id = uuid.UUID(event["event_id"])
+    assert (event_id.version, event_id.variant) == (7, uuid.RFC_4122)
+    recorded_ms = (datetime.fromisoformat(event["recorded_at"]) - EPOCH) // timedelta(milliseconds=1)
+    assert event_id.int >> 80 == recorded_ms
 
     late = await http.post(
         f"/v1/locks/{resource}/renew", json={"owner": "bot1", "fencing_token": lease["fencing_token"]}
