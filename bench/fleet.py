@@ -66,6 +66,7 @@ from rich.table import Table
 
 from bench.auth import AUTH, agent_names, bearer, mint_agent_tokens
 from bench.collector import quiet_gc
+from bench.database import prepare_wal
 from lockledger.dburl import asyncpg_dsn
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -512,6 +513,17 @@ async def db_clock_offset_s(conn: asyncpg.Connection) -> float:
     return db_now - (before + after) / 2
 
 
+# The server settings a run's environment record names (min_wal_size: whether its WAL was prepared).
+RECORDED_SETTINGS = [
+    "shared_buffers",
+    "synchronous_commit",
+    "fsync",
+    "max_connections",
+    "wal_level",
+    "min_wal_size",
+]
+
+
 async def environment(database_url: str, options: FleetOptions) -> dict[str, Any]:
     conn = await connect_owner(database_url)
     try:
@@ -520,7 +532,7 @@ async def environment(database_url: str, options: FleetOptions) -> dict[str, Any
             str(row["name"]): str(row["setting"])
             for row in await conn.fetch(
                 "SELECT name, setting FROM pg_settings WHERE name = ANY($1::text[])",
-                ["shared_buffers", "synchronous_commit", "fsync", "max_connections", "wal_level"],
+                RECORDED_SETTINGS,
             )
         }
     finally:
@@ -1169,6 +1181,11 @@ def database(database_url: str | None, console: Console) -> Iterator[tuple[str, 
     try:
         url = server.ensure_database()
         upgrade(url)
+        # The same head start the throughput bench gives its cluster (bench/database.py): without it the
+        # first minute's commits wait for PostgreSQL to zero-fill new WAL segments, which a server that
+        # has been running never does.
+        wal = asyncio.run(prepare_wal(url))
+        console.print(f"prepared {wal['segments']} WAL segments in {wal['seconds']} s")
         yield url, server.pid
     finally:
         server.stop()
