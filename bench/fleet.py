@@ -66,7 +66,7 @@ from rich.table import Table
 
 from bench.auth import AUTH, agent_names, bearer, mint_agent_tokens
 from bench.collector import quiet_gc
-from bench.database import prepare_wal
+from bench.database import provision
 from lockledger.dburl import asyncpg_dsn
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -1167,28 +1167,22 @@ async def _lateness(conn: asyncpg.Connection, prefix: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def database(database_url: str | None, console: Console) -> Iterator[tuple[str, int | None]]:
-    """(URL, embedded postmaster pid or None): the given server, or an embedded one in a temp dir."""
+    """(URL, embedded postmaster pid or None): the given server, or the throughput bench's own kind of
+    embedded cluster (``bench.database.provision``: migrated, its WAL segments made)."""
     from lockledger.migrate import upgrade
 
     if database_url:
         upgrade(database_url)
         yield database_url, None
         return
-    from lockledger import embedded
-
     console.print("starting the embedded PostgreSQL")
-    server = embedded.start(Path(tempfile.mkdtemp(prefix="lockledger-fleet-")) / "pg", delete_on_stop=True)
+    bench_db = provision(None)
     try:
-        url = server.ensure_database()
-        upgrade(url)
-        # The same head start the throughput bench gives its cluster (bench/database.py): without it a
-        # commit waits for PostgreSQL to zero-fill a new WAL segment every 16 MB (every 8 s or so at
-        # 1,000 renews/s), which a server that has been running never does.
-        wal = asyncio.run(prepare_wal(url))
+        wal = bench_db.info["wal_segments_prepared"]
         console.print(f"prepared {wal['segments']} WAL segments in {wal['seconds']} s")
-        yield url, server.pid
+        yield bench_db.url, bench_db.postgres_pid
     finally:
-        server.stop()
+        bench_db.close()
 
 
 @contextlib.asynccontextmanager

@@ -5,7 +5,8 @@ The ``events.event_id`` column defaults to ``gen_random_uuid()``, but the embedd
 ``/dev/urandom``, reads 16 bytes and closes it again: three system calls per event, in the database's
 backend, on the command path. At 64 agents those were five of every six system calls the backends made
 (about 11,000 a second; docs/performance.md). Made here, a batch's ids cost one ``getrandom``, whatever
-the server was built with. The reaper's expiries, off the command path, still take the column default.
+the server was built with. The reaper's expiries, off the command path, build the same kind of id in
+their statement (``service/reaper.py``).
 
 The ids are version-7 UUIDs (RFC 9562): the first 48 bits are the Unix time in milliseconds, the next 12
 the fraction of that millisecond (the RFC's "increased clock precision"), the remaining 62 random. Every
