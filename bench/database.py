@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import tempfile
 import time
 import uuid
@@ -30,6 +31,7 @@ class BenchDatabase:
     _embedded: Any = None
     _admin_url: str | None = None
     _name: str | None = None
+    _scratch: Path | None = None  # the temporary directory made for an embedded cluster's pgdata
 
     async def settle(self) -> dict[str, Any]:
         """VACUUM (ANALYZE) and CHECKPOINT before a cell, so that no cell pays for the dead rows, stale
@@ -49,7 +51,9 @@ class BenchDatabase:
 
     def close(self) -> None:
         if self._embedded is not None:
-            self._embedded.stop()
+            self._embedded.stop()  # removes pgdata, not the directory made to hold it
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
         elif self._admin_url and self._name:
             with contextlib.suppress(Exception):
                 asyncio.run(_execute(self._admin_url, f'DROP DATABASE IF EXISTS "{self._name}" WITH (FORCE)'))
@@ -125,14 +129,15 @@ def provision(database_url: str | None) -> BenchDatabase:
     """A migrated, empty database for this run; ``close()`` drops it (or stops the embedded server)."""
     name = f"lockledger_bench_{uuid.uuid4().hex[:8]}"
     embedded = None
+    scratch = None
     if database_url:
         asyncio.run(_execute(database_url, f'CREATE DATABASE "{name}"'))
         url = replace_database(database_url, name)
     else:
         from lockledger import embedded as embedded_pg
 
-        data_dir = Path(tempfile.mkdtemp(prefix="lockledger-bench-")) / "pgdata"
-        embedded = embedded_pg.start(data_dir, delete_on_stop=True)
+        scratch = Path(tempfile.mkdtemp(prefix="lockledger-bench-"))
+        embedded = embedded_pg.start(scratch / "pgdata", delete_on_stop=True)
         url = embedded.ensure_database(name)
     try:
         upgrade(url)
@@ -141,8 +146,10 @@ def provision(database_url: str | None) -> BenchDatabase:
     except BaseException:
         if embedded is not None:
             embedded.stop()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         raise
     info["database"] = "embedded" if embedded is not None else "external"
     if wal is not None:
         info["wal_segments_prepared"] = wal
-    return BenchDatabase(url, pid, info, embedded, None if embedded else database_url, name)
+    return BenchDatabase(url, pid, info, embedded, None if embedded else database_url, name, scratch)

@@ -8,12 +8,14 @@ writes in the ``init`` context, which is what is checked."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
 
-from bench.database import prepare_wal
+from bench.database import prepare_wal, provision
 from lockledger.dburl import asyncpg_dsn
 from lockledger.embedded import start
 
@@ -59,3 +61,20 @@ def test_a_prepared_cluster_commits_without_making_segments(fresh_cluster_url: s
             await conn.close()
 
     asyncio.run(scenario())
+
+
+def test_the_bench_cluster_leaves_no_directory_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``provision`` makes a temporary directory for the embedded cluster's pgdata; ``close`` removes the
+    directory itself, not only the pgdata the embedded server deletes."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    database = provision(None)
+    try:
+        made = list(tmp_path.glob("lockledger-bench-*"))
+        assert len(made) == 1
+        assert (made[0] / "pgdata").is_dir()
+        assert database.info["database"] == "embedded"
+    finally:
+        database.close()
+    assert list(tmp_path.iterdir()) == []
