@@ -52,11 +52,11 @@ class BenchDatabase:
     def close(self) -> None:
         if self._embedded is not None:
             self._embedded.stop()  # removes pgdata, not the directory made to hold it
-            if self._scratch is not None:
-                shutil.rmtree(self._scratch, ignore_errors=True)
         elif self._admin_url and self._name:
             with contextlib.suppress(Exception):
                 asyncio.run(_execute(self._admin_url, f'DROP DATABASE IF EXISTS "{self._name}" WITH (FORCE)'))
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def replace_database(url: str, database: str) -> str:
@@ -130,24 +130,22 @@ def provision(database_url: str | None) -> BenchDatabase:
     name = f"lockledger_bench_{uuid.uuid4().hex[:8]}"
     embedded = None
     scratch = None
-    if database_url:
-        asyncio.run(_execute(database_url, f'CREATE DATABASE "{name}"'))
-        url = replace_database(database_url, name)
-    else:
-        from lockledger import embedded as embedded_pg
-
-        scratch = Path(tempfile.mkdtemp(prefix="lockledger-bench-"))
-        embedded = embedded_pg.start(scratch / "pgdata", delete_on_stop=True)
-        url = embedded.ensure_database(name)
     try:
+        if database_url:
+            asyncio.run(_execute(database_url, f'CREATE DATABASE "{name}"'))
+            url = replace_database(database_url, name)
+        else:
+            from lockledger import embedded as embedded_pg
+
+            scratch = Path(tempfile.mkdtemp(prefix="lockledger-bench-"))
+            embedded = embedded_pg.start(scratch / "pgdata", delete_on_stop=True)
+            url = embedded.ensure_database(name)
         upgrade(url)
         wal = asyncio.run(prepare_wal(url)) if embedded is not None else None
         pid, info = asyncio.run(_inspect(url))
     except BaseException:
-        if embedded is not None:
-            embedded.stop()
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+        # Whatever was made before the failure goes: the database, the cluster, the directory.
+        BenchDatabase("", None, {}, embedded, None if embedded else database_url, name, scratch).close()
         raise
     info["database"] = "embedded" if embedded is not None else "external"
     if wal is not None:

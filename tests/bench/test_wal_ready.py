@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 from bench.database import prepare_wal, provision
+from lockledger import embedded
 from lockledger.dburl import asyncpg_dsn
 from lockledger.embedded import start
 
@@ -77,4 +78,18 @@ def test_the_bench_cluster_leaves_no_directory_behind(
         assert database.info["database"] == "embedded"
     finally:
         database.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cluster_that_fails_to_start_leaves_no_directory_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("initdb failed")
+
+    monkeypatch.setattr(embedded, "start", refuse)
+    with pytest.raises(RuntimeError, match="initdb failed"):
+        provision(None)
     assert list(tmp_path.iterdir()) == []
