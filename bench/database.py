@@ -108,13 +108,25 @@ async def prepare_wal(url: str, segments: int = WAL_SEGMENTS_READY) -> dict[str,
     return {"segments": segments, "seconds": round(time.perf_counter() - started, 2)}
 
 
+# The server settings every run's environment record names (min_wal_size: whether its WAL was prepared).
+RECORDED_SETTINGS = (
+    "shared_buffers", "synchronous_commit", "fsync", "max_connections", "wal_level", "min_wal_size",
+)  # fmt: skip
+
+
+async def server_settings(conn: asyncpg.Connection) -> dict[str, str]:
+    """The server's version (``postgresql``) and ``RECORDED_SETTINGS``, as ``SHOW`` prints them."""
+    info = {"postgresql": str(await conn.fetchval("SHOW server_version"))}
+    for setting in RECORDED_SETTINGS:
+        info[setting] = str(await conn.fetchval(f"SHOW {setting}"))
+    return info
+
+
 async def _inspect(url: str) -> tuple[int | None, dict[str, Any]]:
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
         backend = await conn.fetchval("SELECT pg_backend_pid()")
-        info: dict[str, Any] = {"postgresql": await conn.fetchval("SHOW server_version")}
-        for setting in ("shared_buffers", "synchronous_commit", "fsync", "max_connections", "min_wal_size"):
-            info[setting] = await conn.fetchval(f"SHOW {setting}")
+        info: dict[str, Any] = await server_settings(conn)
         try:  # while this backend is alive: its parent is the postmaster
             postmaster = psutil.Process(backend).parent()
             pid = postmaster.pid if postmaster is not None else None

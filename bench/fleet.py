@@ -41,11 +41,9 @@ import contextlib
 import json
 import math
 import os
-import platform
 import random
 import shlex
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,7 +64,8 @@ from rich.table import Table
 
 from bench.auth import AUTH, agent_names, bearer, mint_agent_tokens
 from bench.collector import quiet_gc
-from bench.database import provision
+from bench.database import provision, server_settings
+from bench.environment import environment as machine_environment
 from lockledger.dburl import asyncpg_dsn
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -513,28 +512,11 @@ async def db_clock_offset_s(conn: asyncpg.Connection) -> float:
     return db_now - (before + after) / 2
 
 
-# The server settings a run's environment record names (min_wal_size: whether its WAL was prepared).
-RECORDED_SETTINGS = [
-    "shared_buffers",
-    "synchronous_commit",
-    "fsync",
-    "max_connections",
-    "wal_level",
-    "min_wal_size",
-]
-
-
 async def environment(database_url: str, options: FleetOptions) -> dict[str, Any]:
+    """The machine and software record the throughput bench writes too, and this run's own settings."""
     conn = await connect_owner(database_url)
     try:
-        pg_version = str(await conn.fetchval("SHOW server_version"))
-        pg_settings = {
-            str(row["name"]): str(row["setting"])
-            for row in await conn.fetch(
-                "SELECT name, setting FROM pg_settings WHERE name = ANY($1::text[])",
-                RECORDED_SETTINGS,
-            )
-        }
+        settings = await server_settings(conn)
     finally:
         await conn.close()
     return {
@@ -542,41 +524,16 @@ async def environment(database_url: str, options: FleetOptions) -> dict[str, Any
         "run_id": options.run_id,
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": shlex.join([Path(sys.executable).name, "-m", "bench.fleet", *sys.argv[1:]]),
-        "cpu_count": os.cpu_count(),
-        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        **machine_environment(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "postgresql": pg_version,
-        "postgresql_settings": pg_settings,
-        "aiohttp": aiohttp.__version__,
+        "postgresql": settings.pop("postgresql"),
+        "postgresql_settings": settings,
         "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
-        "git": _git_revision(),
         "server_workers": options.server_workers,
         "auth": AUTH,
         "reaper_interval_ms": options.reaper_interval_ms,
         "reaper_batch_size": options.reaper_batch_size,
     }
-
-
-def _git_revision() -> str | None:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return rev + ("-dirty" if dirty else "")
 
 
 def postgres_monitor_pid(backend_pid: int) -> int | None:
@@ -1452,7 +1409,8 @@ def environment_line(record: dict[str, Any]) -> str:
         f"{record['cpu_count']} CPUs, {record['memory_gb']} GB, Python {record['python']}, "
         f"PostgreSQL {record['postgresql']} ({record['postgresql_settings']}), "
         f"{record['server_workers']} server workers, auth {record.get('auth')}, "
-        f"reaper {record['reaper_interval_ms']} ms / {record['reaper_batch_size']}, git {record['git']}, "
+        f"reaper {record['reaper_interval_ms']} ms / {record['reaper_batch_size']}, "
+        f"git {record['git_commit']}, "
         f"client loop {record['event_loop']}"
     )
 

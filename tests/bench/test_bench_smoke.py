@@ -15,6 +15,7 @@ from rich.console import Console
 
 from bench.auth import AUTH, agent_names, mint_agent_tokens
 from bench.config import BenchConfig, quick_config
+from bench.database import RECORDED_SETTINGS
 from bench.http_client import CLIENT_KINDS, make_client
 from bench.output import read
 from bench.runner import run
@@ -96,6 +97,7 @@ def test_quick_bench_measures_every_target_without_errors(database_url: str, tmp
     assert last["violations"] == 0
     assert {(r["mode"], r["workers"]) for r in last["ratios"]} == {("uniform", 4), ("hot", 4)}
     assert last["environment"]["postgresql"]["postgresql"]
+    assert last["environment"]["postgresql"].keys() >= set(RECORDED_SETTINGS)
     assert last["environment"]["auth"] == "bearer"
     assert last["environment"]["agent_tokens"] == 4
     assert any("authentication on" in note for note in last["notes"])

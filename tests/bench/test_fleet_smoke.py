@@ -17,6 +17,8 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from bench.database import RECORDED_SETTINGS  # noqa: E402
+from bench.environment import environment as machine_environment  # noqa: E402
 from bench.fleet import FleetOptions, HeartbeatParams, LapseParams, run_fleet  # noqa: E402
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
@@ -38,7 +40,13 @@ async def test_fleet_small(database_url: str) -> None:
         output_dir=None,
     )
     records = {record["kind"]: record for record in await run_fleet(database_url, options)}
-    assert records["environment"]["auth"] == "bearer"
+    environment = records["environment"]
+    assert environment["auth"] == "bearer"
+    # The same machine record as the throughput bench's, and the same settings, as SHOW prints them.
+    assert environment.keys() >= machine_environment().keys()
+    assert environment["postgresql_settings"].keys() == set(RECORDED_SETTINGS)
+    assert environment["postgresql_settings"]["fsync"] == "on"
+    assert environment["postgresql_settings"]["min_wal_size"].endswith("B")  # "80MB", not pg_settings' "80"
 
     heartbeats = records["heartbeats"]
     print(heartbeats["renew"])
