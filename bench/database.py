@@ -115,11 +115,14 @@ RECORDED_SETTINGS = (
 
 
 async def server_settings(conn: asyncpg.Connection) -> dict[str, str]:
-    """The server's version (``postgresql``) and ``RECORDED_SETTINGS``, as ``SHOW`` prints them."""
-    info = {"postgresql": str(await conn.fetchval("SHOW server_version"))}
-    for setting in RECORDED_SETTINGS:
-        info[setting] = str(await conn.fetchval(f"SHOW {setting}"))
-    return info
+    """The server's version (``postgresql``) and ``RECORDED_SETTINGS``, as ``SHOW`` prints them, in one
+    statement (``current_setting`` formats as ``SHOW`` does: ``1GB``, not ``pg_settings``' ``1024``)."""
+    rows = await conn.fetch(
+        "SELECT name, current_setting(name) AS value FROM unnest($1::text[]) AS name",
+        ["server_version", *RECORDED_SETTINGS],
+    )
+    values = {str(row["name"]): str(row["value"]) for row in rows}
+    return {"postgresql": values.pop("server_version"), **values}
 
 
 async def _inspect(url: str) -> tuple[int | None, dict[str, Any]]:
