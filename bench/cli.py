@@ -14,7 +14,7 @@ from bench.config import ALL_TARGETS, RESOURCE_MODES, BenchConfig, quick_config
 from bench.http_client import CLIENT_KINDS
 
 
-def _names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+def name_list(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
     def parse(text: str) -> tuple[str, ...]:
         names = tuple(n.strip() for n in text.split(",") if n.strip())
         unknown = [n for n in names if n not in allowed]
@@ -25,7 +25,7 @@ def _names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -35,8 +35,8 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def _positive(text: str) -> int:
-    values = _ints(text)
+def positive_int(text: str) -> int:
+    values = int_list(text)
     if len(values) != 1:
         raise argparse.ArgumentTypeError(f"one positive integer, not {text!r}")
     return values[0]
@@ -63,20 +63,20 @@ def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--targets",
-        type=_names(ALL_TARGETS),
+        type=name_list(ALL_TARGETS),
         default=defaults.targets,
         help=f"comma-separated, from {','.join(ALL_TARGETS)} (default: all)",
     )
     p.add_argument(
         "--workers",
-        type=_ints,
+        type=int_list,
         default=defaults.workers,
         help="concurrent agents per cell, comma-separated (default: 1,16,64,256)",
     )
     p.add_argument(
         "--resources-modes",
         dest="modes",
-        type=_names(tuple(RESOURCE_MODES)),
+        type=name_list(tuple(RESOURCE_MODES)),
         default=defaults.modes,
         help="uniform (R=100,000) and/or hot (R=8), comma-separated (default: both)",
     )
@@ -110,7 +110,7 @@ def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--server-workers",
-        type=_ints,
+        type=int_list,
         default=defaults.server_workers,
         help="lockledger server processes; a list runs the HTTP targets once per value (default: 1)",
     )
@@ -140,7 +140,7 @@ def parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=defaults.seed, help="agents' random seed (default: 1)")
     p.add_argument(
         "--repeat",
-        type=_positive,
+        type=positive_int,
         default=defaults.repeat,
         help="run every cell K times, interleaved across targets, and report each cell's median run "
         "(default: 1)",

@@ -32,6 +32,15 @@ class BenchDatabase:
     _admin_url: str | None = None
     _name: str | None = None
     _scratch: Path | None = None  # the temporary directory made for an embedded cluster's pgdata
+    _siblings: list[str] = field(default_factory=list)  # databases made beside this one (``sibling``)
+
+    def sibling(self, suffix: str) -> str:
+        """A further empty database on the same server, named after this one, gone when this one is: a
+        bench that compares schema variants keeps each in a database of its own on one cluster."""
+        name = f"{_database_name(self.url)}_{suffix}"
+        asyncio.run(_execute(self.url, f'CREATE DATABASE "{name}"'))
+        self._siblings.append(name)
+        return replace_database(self.url, name)
 
     async def settle(self) -> dict[str, Any]:
         """VACUUM (ANALYZE) and CHECKPOINT before a cell, so that no cell pays for the dead rows, stale
@@ -53,8 +62,9 @@ class BenchDatabase:
         if self._embedded is not None:
             self._embedded.stop()  # removes pgdata, not the directory made to hold it
         elif self._admin_url and self._name:
-            with contextlib.suppress(Exception):
-                asyncio.run(_execute(self._admin_url, f'DROP DATABASE IF EXISTS "{self._name}" WITH (FORCE)'))
+            for name in [*self._siblings, self._name]:
+                with contextlib.suppress(Exception):
+                    asyncio.run(_execute(self._admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
@@ -64,6 +74,10 @@ def replace_database(url: str, database: str) -> str:
     head, sep, query = url.partition("?")
     scheme_host, _, _ = head.rpartition("/")
     return f"{scheme_host}/{database}{sep}{query}"
+
+
+def _database_name(url: str) -> str:
+    return url.partition("?")[0].rpartition("/")[2]
 
 
 async def _execute(url: str, sql: str) -> None:

@@ -238,7 +238,7 @@ class LockService:
                 stored = replay(snapshot.stored, idempotency.fingerprint)
                 return CommandResult(stored.status_code, stored.body, replayed=True)
             events = decide(snapshot.state, command, snapshot.db_now, self._bounds)
-            plan = _plan(command, snapshot.state, events, metadata, idempotency)
+            plan = append_plan(command, snapshot.state, events, metadata, idempotency)
             if plan is None:
                 status_code, response = _response(command, events)
                 return CommandResult(status_code, json.dumps(response, separators=(",", ":")))
@@ -281,7 +281,7 @@ class LockService:
             events = decide(state, command, datetime.now(UTC), self._bounds)
         except DomainError:
             return None
-        plan = _plan(command, state, events, metadata, idempotency)
+        plan = append_plan(command, state, events, metadata, idempotency)
         if plan is None:
             return None
         try:
@@ -319,7 +319,7 @@ class LockService:
         return committed
 
 
-def _plan(
+def append_plan(
     command: Command,
     state: LockState,
     events: list[Event],
