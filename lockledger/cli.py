@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -48,6 +49,27 @@ def _resolve_database(database_url: str | None, data_dir: Path | None) -> tuple[
     )
     server = embedded.start(data_dir)
     return server.ensure_database(), True
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While serving, SIGTERM ends the process by SystemExit (status 143, as a shell reports a death by
+    SIGTERM) instead of by the signal's default action.
+
+    uvicorn ends a graceful shutdown by raising the signal that asked for it again, so that the process
+    dies of it as its supervisor expects. Dying of SIGTERM skips ``atexit``, where the embedded
+    PostgreSQL's handle is released: the server kept running on the data directory after the service
+    was gone, and since the handle of the dead process stayed registered, no later run stopped it either.
+    Ctrl-C already unwinds (SIGINT's Python handler raises KeyboardInterrupt)."""
+
+    def exit_143(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, exit_143)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _migrate(url: str) -> None:
@@ -123,7 +145,8 @@ def serve(
     import uvicorn
 
     if workers == 1:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, **_UVICORN_OPTIONS)
+        with _sigterm_unwinds():
+            uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, **_UVICORN_OPTIONS)
         return
     from lockledger.workers import Supervisor
 
