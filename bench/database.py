@@ -37,8 +37,8 @@ class BenchDatabase:
     def sibling(self, suffix: str) -> str:
         """A further empty database on the same server, named after this one, gone when this one is: a
         bench that compares schema variants keeps each in a database of its own on one cluster."""
-        name = f"{_database_name(self.url)}_{suffix}"
-        asyncio.run(_execute(self.url, f'CREATE DATABASE "{name}"'))
+        name = f"{self._name}_{suffix}"
+        asyncio.run(execute(self.url, f'CREATE DATABASE "{name}"'))
         self._siblings.append(name)
         return replace_database(self.url, name)
 
@@ -52,7 +52,7 @@ class BenchDatabase:
         done: list[str] = []
         for statement in ("VACUUM (ANALYZE)", "CHECKPOINT"):
             try:
-                await _execute(self.url, statement)
+                await execute(self.url, statement)
             except asyncpg.InsufficientPrivilegeError:
                 continue  # an external server's user that may not checkpoint: the cells still run
             done.append(statement)
@@ -64,7 +64,7 @@ class BenchDatabase:
         elif self._admin_url and self._name:
             for name in [*self._siblings, self._name]:
                 with contextlib.suppress(Exception):
-                    asyncio.run(_execute(self._admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                    asyncio.run(execute(self._admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
@@ -76,14 +76,12 @@ def replace_database(url: str, database: str) -> str:
     return f"{scheme_host}/{database}{sep}{query}"
 
 
-def _database_name(url: str) -> str:
-    return url.partition("?")[0].rpartition("/")[2]
-
-
-async def _execute(url: str, sql: str) -> None:
+async def execute(url: str, *statements: str) -> None:
+    """Run ``statements`` in order on one connection of their own, as the URL's role."""
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
-        await conn.execute(sql)
+        for statement in statements:
+            await conn.execute(statement)
     finally:
         await conn.close()
 
@@ -161,7 +159,7 @@ def provision(database_url: str | None) -> BenchDatabase:
     scratch = None
     try:
         if database_url:
-            asyncio.run(_execute(database_url, f'CREATE DATABASE "{name}"'))
+            asyncio.run(execute(database_url, f'CREATE DATABASE "{name}"'))
             url = replace_database(database_url, name)
         else:
             from lockledger import embedded as embedded_pg

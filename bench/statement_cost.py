@@ -44,8 +44,8 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
-from bench.cli import int_list
-from bench.database import BenchDatabase, provision, server_settings
+from bench.cli import int_list, name_list, positive_int
+from bench.database import BenchDatabase, execute, provision
 from bench.environment import environment
 from bench.output import RESULTS_DIR, JsonLines
 from domain.commands import Acquire, Command, Release
@@ -173,15 +173,6 @@ async def _connect(url: str) -> asyncpg.Connection:
     return await asyncpg.connect(asyncpg_dsn(url), server_settings=settings)
 
 
-async def _execute(url: str, *statements: str) -> None:
-    conn = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        for statement in statements:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
 def make_variants(database: BenchDatabase, names: Sequence[str], seed: int) -> list[Variant]:
     """A database per variant beside the provisioned one, migrated and then changed as the variant says.
     Every variant draws the same resources in the same order (one seed)."""
@@ -190,7 +181,7 @@ def make_variants(database: BenchDatabase, names: Sequence[str], seed: int) -> l
         url = database.sibling(name.replace("-", "_"))
         upgrade(url)
         if VARIANTS[name]:
-            asyncio.run(_execute(url, *VARIANTS[name]))
+            asyncio.run(execute(url, *VARIANTS[name]))
         variants.append(Variant(name, url, random.Random(seed)))
     return variants
 
@@ -291,13 +282,16 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.statement_cost", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--variants",
-        default=",".join(VARIANTS),
+        type=name_list(tuple(VARIANTS)),
+        default=tuple(VARIANTS),
         help=f"comma-separated, from {','.join(VARIANTS)} (default: all)",
     )
     p.add_argument("--batches", type=int_list, default=[1, 8, 30], help="commands per statement (1,8,30)")
-    p.add_argument("--commands", type=int, default=1_200, help="commands per stretch (default: 1,200)")
     p.add_argument(
-        "--rounds", type=int, default=10, help="stretches per variant and batch size (default: 10)"
+        "--commands", type=positive_int, default=1_200, help="commands per stretch (default: 1,200)"
+    )
+    p.add_argument(
+        "--rounds", type=positive_int, default=10, help="stretches per variant and batch size (default: 10)"
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
@@ -311,12 +305,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    names = [name.strip() for name in args.variants.split(",") if name.strip()]
-    unknown = [name for name in names if name not in VARIANTS]
-    if unknown or not names:
-        parser().error(f"--variants: choose from {', '.join(VARIANTS)} (got {args.variants!r})")
-    if args.commands < 1 or args.rounds < 1:
-        parser().error("--commands and --rounds must be positive")
     out_path = args.out or RESULTS_DIR / f"statement-cost-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     print(f"provisioning PostgreSQL ({'external' if args.database_url else 'embedded'})", flush=True)
     database = provision(args.database_url)
@@ -325,25 +313,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(
                 "PostgreSQL's processes are not visible here: this bench reads their /proc entries"
             )
-        variants = make_variants(database, names, args.seed)
+        variants = make_variants(database, args.variants, args.seed)
         out = JsonLines(out_path)
         stretches = asyncio.run(measure(variants, args.batches, args.commands, args.rounds, out))
         rows = summarize(stretches)
-        postgres = asyncio.run(_settings(database.url))
-        out.write({"type": "summary", "rows": rows, "environment": {**environment(), "postgresql": postgres}})
+        out.write(
+            {"type": "summary", "rows": rows, "environment": {**environment(), "postgresql": database.info}}
+        )
     finally:
         database.close()
     Console(width=max(100, Console().width)).print(table(rows))
     print(f"results: {out_path}")
     return 0
-
-
-async def _settings(url: str) -> dict[str, str]:
-    conn = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        return await server_settings(conn)
-    finally:
-        await conn.close()
 
 
 if __name__ == "__main__":
