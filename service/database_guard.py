@@ -34,6 +34,13 @@ UNREACHABLE = (
 )
 
 
+# The refusals the guard answers without a round trip: the stall watchdog's and the open breaker's.
+STALLED = "the database has stopped answering; retry shortly"
+NOT_TRIED = (
+    "the database is not answering (recent round trips failed, so this one was not tried); retry shortly"
+)
+
+
 def is_unreachable(error: BaseException) -> bool:
     """Whether an error says the database cannot be reached in time (rather than refused a statement)."""
     return isinstance(error, UNREACHABLE)
@@ -71,12 +78,12 @@ class DatabaseGuard:
 
     async def run(self, work: Callable[[], Awaitable[T]]) -> T:
         if self.stalled_for() > 0:
-            raise Unavailable("the database has stopped answering; retry shortly", 1)
+            raise Unavailable(STALLED, 1)
         try:
             self.breaker.acquire_permission()
         except CircuitOpen as error:
             retry_after = math.ceil(error.retry_after_s) if error.retry_after_s else 1
-            raise Unavailable("the database is not answering; retry shortly", max(retry_after, 1)) from error
+            raise Unavailable(NOT_TRIED, max(retry_after, 1)) from error
         started = time.monotonic()
         self._calls += 1
         call = self._calls

