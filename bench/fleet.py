@@ -1,4 +1,4 @@
-"""Fleet scale: heartbeats and the reaper (issue 3, item 5).
+"""Fleet scale: heartbeats and the reaper.
 
 Two scenarios against a real `lockledger serve` subprocess (reaper on, as in production):
 

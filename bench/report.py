@@ -149,7 +149,7 @@ def ratios_table(ratios: list[dict[str, Any]]) -> Table:
 
 
 def goals_table(checks: list[dict[str, Any]]) -> Table:
-    table = Table(title="Issue 3's targets (W = 64, R = 100,000 unless named)", title_justify="left")
+    table = Table(title="Performance goals (W = 64, R = 100,000 unless named)", title_justify="left")
     for name in ("check", "value", "goal", "met"):
         table.add_column(name)
     for check in checks:
