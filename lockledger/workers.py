@@ -9,17 +9,34 @@ connections across the workers' sockets (by a hash of each connection's addresse
 ``SO_REUSEPORT`` would also let a second server on the same port share it silently, and two servers on
 two databases behind one port would hand out the same lock twice. So the supervisor first binds the port
 *without* it: if anything listens there (another lockledger included), startup fails instead. Then it
-only supervises: it starts a worker again when one dies, stops them all on SIGINT or SIGTERM, and gives
-up when workers keep dying right after they start (a database that cannot be reached, say).
+only supervises: it starts a worker again when one dies, stops them all on SIGINT or SIGTERM.
+
+A worker that keeps dying right after it starts is restarted after a pause that doubles up to
+``BACKOFF_MAX_S``, while the other workers go on serving; the supervisor gives up (exit status 1) only
+when every worker keeps failing so (a database that cannot be reached, say).
+
+Workers never outlive their supervisor, however it ends (``kill -9`` included), so that they cannot go on
+serving unsupervised and hold the port against the next start. Each worker watches the supervisor in two
+ways: on Linux the kernel sends it SIGTERM when the supervisor dies (``PR_SET_PDEATHSIG``; the supervisor
+starts workers from its main thread, whose end is what the kernel watches), and on every platform a
+thread waits on multiprocessing's parent sentinel, a pipe whose other end only the supervisor holds,
+which reaches end-of-file when its process ends. Either starts uvicorn's graceful shutdown; a worker
+still running ``STOP_TIMEOUT_S`` later exits at once. A supervisor that died before the worker could
+ask is noticed at start (its parent is no longer the supervisor, or the sentinel is already closed).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
+import os
 import signal
 import socket
+import sys
+import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
@@ -27,11 +44,18 @@ import uvicorn
 
 log = logging.getLogger("uvicorn.error")
 
-# A worker that dies sooner than this after it started counts as failing to start; this many such
-# deaths in a row stop the server (otherwise they would be restarted forever).
+# A worker that dies sooner than this after it started counts as failing to start; one that has run
+# this long counts as healthy again.
 QUICK_DEATH_S = 10.0
+# When every worker has failed to start this many times in a row, the server stops.
 QUICK_DEATHS_TO_GIVE_UP = 3
+# The pause before starting again a worker that failed to start: doubling from the first to the last.
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
 STOP_TIMEOUT_S = 15.0
+POLL_S = 0.2
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _family(host: str) -> socket.AddressFamily:
@@ -59,10 +83,60 @@ def worker_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def backoff_s(quick_deaths: int) -> float:
+    """The pause before restarting a worker after ``quick_deaths`` quick deaths in a row (0: none)."""
+    if quick_deaths <= 0:
+        return 0.0
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** (quick_deaths - 1))
+
+
+def _ask_kernel_for_sigterm_on_parent_death() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    except (OSError, AttributeError) as error:  # the sentinel thread still watches
+        log.warning("cannot ask the kernel to stop this worker with its supervisor: %s", error)
+
+
+def _stop_when_gone(supervisor: BaseProcess) -> None:
+    supervisor.join()  # returns once the supervisor's process has ended, however it ended
+    log.warning("worker %s: the supervisor (pid %s) is gone; stopping", os.getpid(), supervisor.pid)
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown, in the main thread
+    time.sleep(STOP_TIMEOUT_S)
+    os._exit(1)  # the graceful shutdown did not finish
+
+
+def end_with_supervisor() -> None:
+    """In a worker: make sure it stops when the supervisor that started it dies (module docstring)."""
+    supervisor = multiprocessing.parent_process()
+    if supervisor is None:  # not started by a supervisor
+        return
+    if sys.platform == "linux":
+        _ask_kernel_for_sigterm_on_parent_death()
+    if os.getppid() != supervisor.pid:  # it died before the kernel was asked
+        raise SystemExit(1)
+    threading.Thread(
+        target=_stop_when_gone, args=(supervisor,), name="lockledger-supervisor-watch", daemon=True
+    ).start()
+
+
 def _serve_one(config: uvicorn.Config) -> None:
     """One worker process: its socket, then uvicorn's server until SIGINT or SIGTERM."""
+    end_with_supervisor()
     config.configure_logging()  # a spawned process starts without the parent's logging set-up
     uvicorn.Server(config).run(sockets=[worker_socket(config.host, config.port)])
+
+
+@dataclass
+class _Slot:
+    """One of the ``workers`` places: its current process (None while waiting to restart it)."""
+
+    index: int
+    process: BaseProcess | None = None
+    started: float = 0.0
+    quick_deaths: int = 0  # in a row
+    restart_at: float = 0.0
 
 
 class Supervisor:
@@ -72,15 +146,16 @@ class Supervisor:
         self.config = config
         self.workers = workers
         self._context = multiprocessing.get_context("spawn")
-        self._processes: list[tuple[BaseProcess, float]] = []  # each with the time it started
+        self._slots = [_Slot(index) for index in range(workers)]
         self._stopping = False
 
     def run(self) -> int:
-        """Serve until SIGINT or SIGTERM; the exit status (1 when workers kept failing to start)."""
+        """Serve until SIGINT or SIGTERM; the exit status (1 when every worker kept failing to start)."""
         self.config.port = claim_port(self.config.host, self.config.port)
         previous = {s: signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self._processes = [self._start() for _ in range(self.workers)]
+            for slot in self._slots:
+                self._start(slot)
             return self._supervise()
         finally:
             self._stop_all()
@@ -90,33 +165,69 @@ class Supervisor:
     def _stop(self, signum: int, frame: FrameType | None) -> None:
         self._stopping = True
 
-    def _start(self) -> tuple[BaseProcess, float]:
+    def _start(self, slot: _Slot) -> None:
         process = self._context.Process(target=_serve_one, args=(self.config,), name="lockledger-worker")
         process.start()
-        return process, time.monotonic()
+        slot.process, slot.started = process, time.monotonic()
 
     def _supervise(self) -> int:
-        quick_deaths = 0
         while not self._stopping:
-            time.sleep(0.2)
-            for index, (process, started) in enumerate(self._processes):
-                if self._stopping or process.is_alive():
-                    continue
-                quick_deaths = quick_deaths + 1 if time.monotonic() - started < QUICK_DEATH_S else 0
-                if quick_deaths >= QUICK_DEATHS_TO_GIVE_UP:
-                    log.error("workers keep exiting as they start (last: %s); stopping", process.exitcode)
+            time.sleep(POLL_S)
+            for slot in self._slots:
+                if self._stopping:
+                    break
+                if not self._check(slot, time.monotonic()):
                     return 1
-                log.warning("worker %s exited with %s; starting another", process.pid, process.exitcode)
-                self._processes[index] = self._start()
         return 0
+
+    def _check(self, slot: _Slot, now: float) -> bool:
+        """Note how the slot's worker is doing and start it again when due; False to give up."""
+        process = slot.process
+        if process is not None:
+            if process.is_alive():
+                if slot.quick_deaths and now - slot.started >= QUICK_DEATH_S:
+                    log.warning("worker %s has been serving for %.0f s again", process.pid, QUICK_DEATH_S)
+                    slot.quick_deaths = 0
+                return True
+            self._died(slot, process, now)
+            if all(s.quick_deaths >= QUICK_DEATHS_TO_GIVE_UP for s in self._slots):
+                log.error(
+                    "every worker keeps exiting as it starts (last: %s with %s); stopping",
+                    process.pid,
+                    process.exitcode,
+                )
+                return False
+        if slot.process is None and now >= slot.restart_at:
+            self._start(slot)
+        return True
+
+    def _died(self, slot: _Slot, process: BaseProcess, now: float) -> None:
+        lived_s = now - slot.started
+        slot.quick_deaths = slot.quick_deaths + 1 if lived_s < QUICK_DEATH_S else 0
+        pause_s = backoff_s(slot.quick_deaths)
+        slot.process, slot.restart_at = None, now + pause_s
+        if slot.quick_deaths:
+            log.warning(
+                "worker %s exited with %s %.1f s after it started (%d times in a row); starting another in"
+                " %.1f s, the other workers serve meanwhile",
+                process.pid,
+                process.exitcode,
+                lived_s,
+                slot.quick_deaths,
+                pause_s,
+            )
+        else:
+            log.warning("worker %s exited with %s; starting another", process.pid, process.exitcode)
+        process.close()  # its sentinel pipe, now rather than when collected
 
     def _stop_all(self) -> None:
         """SIGTERM every worker (uvicorn finishes what it serves), SIGKILL any still running after that."""
-        for process, _ in self._processes:
+        processes = [slot.process for slot in self._slots if slot.process is not None]
+        for process in processes:
             if process.is_alive():
                 process.terminate()
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        for process, _ in self._processes:
+        for process in processes:
             process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 process.kill()
