@@ -5,7 +5,9 @@ after a lost response replays the stored answer instead of taking a second lock 
 Retries (stamina: jittered exponential backoff, bounded by attempts and total time) cover only what a
 retry can fix: transport errors, timeouts and 5xx. A 4xx is the server's considered answer and is raised
 at once as a typed exception. Every attempt passes through a circuit breaker first, so while the service
-is down calls fail in microseconds with ``CircuitOpen`` and no network I/O.
+is down calls fail in microseconds with ``CircuitOpen`` and no network I/O. A transport error (connection
+refused, reset, timed out) that outlasts the retries is raised as ``Unavailable``, like a 503, with the
+httpx error as its cause: callers catch the SDK's exceptions, never httpx's.
 """
 
 from __future__ import annotations
@@ -241,6 +243,17 @@ class _Base:
             raise error_from_response(response)
         return response
 
+    @staticmethod
+    def _unreachable(exc: httpx.TransportError, method: str, path: str) -> Unavailable:
+        """The SDK's error for a request that never got an answer (raised ``from`` ``exc``); status 0,
+        as no HTTP status was received."""
+        try:
+            url = str(exc.request.url)
+        except RuntimeError:  # an error raised without its request
+            url = path
+        detail = f"{method} {url}: no answer after retries ({type(exc).__name__}: {exc})"
+        return Unavailable(0, {"code": "unavailable", "detail": detail})
+
     def _failed(self, exc: BaseException, started: float, wait_s: float = 0.0) -> None:
         if isinstance(exc, httpx.TransportError):
             self.breaker.on_error(max(0.0, time.monotonic() - started - wait_s))
@@ -300,18 +313,26 @@ class AsyncClient(_Base):
     ) -> Any:
         key = str(uuid.uuid4()) if method == "POST" else None  # one key for every attempt of this command
         timeout = _waiting_timeout(self._http.timeout, wait_s)
-        async for attempt in self._retries(wait_s):
-            with attempt:
-                self.breaker.acquire_permission()  # CircuitOpen here: nothing was sent
-                started = time.monotonic()
-                try:
-                    response = await self._http.request(
-                        method, path, json=json, params=params, headers=self._headers(key), timeout=timeout
-                    )
-                except BaseException as exc:
-                    self._failed(exc, started, wait_s)
-                    raise
-                return self._settle(response, started, wait_s).json()
+        try:
+            async for attempt in self._retries(wait_s):
+                with attempt:
+                    self.breaker.acquire_permission()  # CircuitOpen here: nothing was sent
+                    started = time.monotonic()
+                    try:
+                        response = await self._http.request(
+                            method,
+                            path,
+                            json=json,
+                            params=params,
+                            headers=self._headers(key),
+                            timeout=timeout,
+                        )
+                    except BaseException as exc:
+                        self._failed(exc, started, wait_s)
+                        raise
+                    return self._settle(response, started, wait_s).json()
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc, method, path) from exc
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
     async def acquire(
@@ -466,18 +487,26 @@ class Client(_Base):
     ) -> Any:
         key = str(uuid.uuid4()) if method == "POST" else None
         timeout = _waiting_timeout(self._http.timeout, wait_s)
-        for attempt in self._retries(wait_s):
-            with attempt:
-                self.breaker.acquire_permission()
-                started = time.monotonic()
-                try:
-                    response = self._http.request(
-                        method, path, json=json, params=params, headers=self._headers(key), timeout=timeout
-                    )
-                except BaseException as exc:
-                    self._failed(exc, started, wait_s)
-                    raise
-                return self._settle(response, started, wait_s).json()
+        try:
+            for attempt in self._retries(wait_s):
+                with attempt:
+                    self.breaker.acquire_permission()
+                    started = time.monotonic()
+                    try:
+                        response = self._http.request(
+                            method,
+                            path,
+                            json=json,
+                            params=params,
+                            headers=self._headers(key),
+                            timeout=timeout,
+                        )
+                    except BaseException as exc:
+                        self._failed(exc, started, wait_s)
+                        raise
+                    return self._settle(response, started, wait_s).json()
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc, method, path) from exc
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
     def acquire(

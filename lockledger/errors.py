@@ -106,7 +106,11 @@ class Forbidden(LockLedgerError):
 
 
 class Unavailable(LockLedgerError):
-    """The server (or its database) cannot answer now; ``retry_after_s`` is its hint, if it gave one."""
+    """The server (or its database) cannot answer now; ``retry_after_s`` is its hint, if it gave one.
+
+    Also raised when no answer came at all (connection refused or reset, a timeout) once the client's
+    retries are spent: then ``status`` is 0 and the httpx error is the ``__cause__``.
+    """
 
     code = "unavailable"
 

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 import httpx
@@ -267,7 +268,7 @@ async def test_breaker_opens_and_then_fails_fast_without_io() -> None:
         f"http://127.0.0.1:{free_port()}", breaker=breaker, transport=transport, retry_attempts=1
     ) as client:
         for _ in range(3):
-            with pytest.raises(httpx.ConnectError):
+            with pytest.raises(Unavailable):
                 await client.health()
         sent = len(transport.requests)
         assert sent == 3
@@ -283,8 +284,9 @@ async def test_retries_stop_at_the_attempt_bound() -> None:
     async with AsyncClient(
         f"http://127.0.0.1:{free_port()}", transport=transport, retry_attempts=3
     ) as client:
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(Unavailable) as unavailable:
             await client.acquire("zone:A3", "agv-1")
+    assert isinstance(unavailable.value.__cause__, httpx.ConnectError)
     assert len(transport.requests) == 3
     assert len({r.headers["Idempotency-Key"] for r in transport.requests}) == 1
 
@@ -321,7 +323,7 @@ def test_sync_breaker_fails_fast() -> None:
     with Client(
         f"http://127.0.0.1:{free_port()}", breaker=breaker, retry_attempts=2, transport=transport
     ) as client:
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(Unavailable):
             client.health()
         sent = len(transport.requests)
         assert sent == 2
@@ -329,6 +331,56 @@ def test_sync_breaker_fails_fast() -> None:
             with pytest.raises(CircuitOpen):
                 client.health()
         assert len(transport.requests) == sent  # refused before any request went out
+
+
+def _nothing_listening(unavailable: Unavailable, path: str) -> None:
+    """What a caller sees when no server answered: the SDK's own error, with httpx's as its cause."""
+    assert unavailable.status == 0
+    assert unavailable.code == "unavailable"
+    assert isinstance(unavailable.__cause__, httpx.ConnectError)
+    assert path in unavailable.detail
+    assert "ConnectError" in unavailable.detail
+
+
+async def test_async_transport_errors_are_unavailable_after_the_retries() -> None:
+    transport = Faulty()
+    port = free_port()  # bound once and released: nothing listens on it
+    async with AsyncClient(f"http://127.0.0.1:{port}", transport=transport, retry_attempts=2) as client:
+        calls: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("/v1/locks/zone:A3/acquire", lambda: client.acquire("zone:A3", "agv-1")),
+            ("/v1/locks/zone:A3/renew", lambda: client.renew("zone:A3", "agv-1", 1)),
+            ("/v1/locks/zone:A3/release", lambda: client.release("zone:A3", "agv-1", 1)),
+            ("/v1/locks/zone:A3/force-release", lambda: client.force_release("zone:A3", "why")),
+            ("/v1/locks/zone:A3", lambda: client.get_lock("zone:A3")),
+            ("/v1/locks", lambda: client.list_locks()),
+            ("/v1/locks/zone:A3/history", lambda: client.history("zone:A3")),
+            ("/healthz", lambda: client.health()),
+            ("/readyz", lambda: client.ready()),
+        ]
+        for path, call in calls:
+            client.breaker.reset()  # each call its own retries, not the breaker's fast refusal
+            sent = len(transport.requests)
+            with pytest.raises(Unavailable) as unavailable:
+                await call()
+            _nothing_listening(unavailable.value, path)
+            assert len(transport.requests) - sent == 2  # retried first
+
+
+def test_sync_transport_errors_are_unavailable_after_the_retries() -> None:
+    port = free_port()
+    with Client(f"http://127.0.0.1:{port}", retry_attempts=2) as client:
+        calls: list[tuple[str, Callable[[], object]]] = [
+            ("/v1/locks/zone:A3/acquire", lambda: client.acquire("zone:A3", "agv-1")),
+            ("/v1/locks/zone:A3/renew", lambda: client.renew("zone:A3", "agv-1", 1)),
+            ("/v1/locks/zone:A3/release", lambda: client.release("zone:A3", "agv-1", 1)),
+            ("/v1/locks", lambda: client.list_locks()),
+            ("/healthz", lambda: client.health()),
+        ]
+        for path, call in calls:
+            client.breaker.reset()
+            with pytest.raises(Unavailable) as unavailable:
+                call()
+            _nothing_listening(unavailable.value, path)
 
 
 async def test_retry_after_is_honoured_as_the_wait(server: ServerProcess, unique_prefix: str) -> None:

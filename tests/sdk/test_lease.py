@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from datetime import UTC, datetime
@@ -12,7 +13,8 @@ import pytest
 
 from lockledger import AsyncClient, BreakerConfig, CircuitBreaker, Client, LockHeld, LockLost
 from lockledger.client import LeaseInfo
-from tests.conftest import ServerProcess, running_server
+from lockledger.errors import Unavailable
+from tests.conftest import ServerProcess, free_port, running_server
 
 pytestmark = pytest.mark.storage
 
@@ -227,3 +229,71 @@ async def test_a_server_that_does_not_wait_is_not_polled_in_a_spin(database_url:
                     pytest.fail("must not acquire")
             assert time.monotonic() - started >= 1.5
             assert 3 <= transport.requests <= 30
+
+
+async def test_a_lease_with_nothing_listening_raises_unavailable(resource: str) -> None:
+    async with AsyncClient(f"http://127.0.0.1:{free_port()}", retry_attempts=2) as client:
+        with pytest.raises(Unavailable) as unavailable:
+            async with client.lock(resource, ttl=5):
+                pytest.fail("must not acquire")
+    assert isinstance(unavailable.value.__cause__, httpx.ConnectError)
+
+
+def test_a_sync_lease_with_nothing_listening_raises_unavailable(resource: str) -> None:
+    client = Client(f"http://127.0.0.1:{free_port()}", retry_attempts=2)
+    with client, pytest.raises(Unavailable) as unavailable, client.lock(resource, ttl=5):
+        pytest.fail("must not acquire")
+    assert isinstance(unavailable.value.__cause__, httpx.ConnectError)
+
+
+def _renewals_failed_with(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        str(getattr(record, "error", ""))
+        for record in caplog.records
+        if record.name == "lockledger.lease" and record.getMessage() == "renewal failed, will retry"
+    ]
+
+
+async def test_a_cut_network_surfaces_as_unavailable_in_heartbeats_and_release(
+    server: ServerProcess, resource: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A heartbeat that cannot reach the server fails with the SDK's Unavailable (and is retried);
+    a release on exit, while the lease is not yet lost, raises it to the caller."""
+    caplog.set_level(logging.INFO, logger="lockledger.lease")
+    transport = Cuttable()
+    client = AsyncClient(server.base_url, transport=transport, retry_attempts=2, retry_timeout_s=0.5)
+    client.breaker.disable()  # the transport's own errors, not the breaker's fast refusals
+    async with client:
+        lease = await client.lock(resource, ttl=6).__aenter__()
+        transport.cut = True
+        give_up = time.monotonic() + 5
+        while not _renewals_failed_with(caplog):
+            assert time.monotonic() < give_up, "no renewal was tried"
+            await asyncio.sleep(0.05)
+        assert not lease.lost.is_set()
+        with pytest.raises(Unavailable) as unavailable:
+            await lease.__aexit__(None, None, None)
+        assert isinstance(unavailable.value.__cause__, httpx.ConnectError)
+        assert "/release" in unavailable.value.detail
+    assert all(error.startswith("Unavailable(") for error in _renewals_failed_with(caplog))
+
+
+def test_a_cut_network_surfaces_as_unavailable_in_sync_heartbeats_and_release(
+    server: ServerProcess, resource: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="lockledger.lease")
+    transport = SyncCuttable()
+    with Client(server.base_url, transport=transport, retry_attempts=2, retry_timeout_s=0.5) as client:
+        client.breaker.disable()
+        lease = client.lock(resource, ttl=6).__enter__()
+        transport.cut = True
+        give_up = time.monotonic() + 5
+        while not _renewals_failed_with(caplog):
+            assert time.monotonic() < give_up, "no renewal was tried"
+            time.sleep(0.05)
+        assert not lease.lost.is_set()
+        with pytest.raises(Unavailable) as unavailable:
+            lease.__exit__(None, None, None)
+        assert isinstance(unavailable.value.__cause__, httpx.ConnectError)
+        assert "/release" in unavailable.value.detail
+    assert all(error.startswith("Unavailable(") for error in _renewals_failed_with(caplog))
