@@ -8,6 +8,9 @@ and memory stream, a cost on the hot path; docs/performance.md), and not Starlet
 ``RequestBodyLimitMiddleware`` (it answers text/plain, builds a responder object per request and does not
 look at headers). The common case costs one pass over the header list: a request that declares its
 ``Content-Length`` needs no counting, since the HTTP server never delivers more body than declared.
+
+The memory guard in front of these limits, a cap on a request head still arriving, is in the HTTP
+protocol (``api/http_protocol.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from api.problems import problem
 from service.config import Settings
@@ -94,51 +96,6 @@ def _too_large_detail(limit: int) -> str:
 async def _payload_too_large(request: Request, error: Exception) -> Response:
     assert isinstance(error, PayloadTooLarge)
     return problem(413, "payload_too_large", error.detail, instance=request.url.path)
-
-
-class HeaderCappedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, closing a connection whose request head grows past a cap unfinished.
-
-    httptools has no header limit of its own: a request head is held in memory until it ends, so
-    ``RequestLimits`` only sees (and refuses) it afterwards. Measured here, one 200 MB header took
-    490 MB of RSS and 42 s of CPU before its 431. This cap is the memory guard in front: it counts the
-    reads that leave a head unfinished (never the read it began in, so no byte of another request
-    counts), answers 431 once they pass uvicorn's ``h11_max_incomplete_event_size`` (the same bound for
-    its h11 protocol; 64 KiB if unset) and closes. The exact, configurable limit stays with
-    ``RequestLimits``. Select it with ``uvicorn.run(..., http="api.limits:HeaderCappedHttpToolsProtocol")``.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._head_cap = self.config.h11_max_incomplete_event_size or 64 * 1024
-        self._head_open = False  # a request has begun and its headers have not ended
-        self._head_began_in_read = False
-        self._head_bytes = 0
-
-    def on_message_begin(self) -> None:
-        self._head_open = self._head_began_in_read = True
-        self._head_bytes = 0
-        super().on_message_begin()
-
-    def on_headers_complete(self) -> None:
-        self._head_open = False
-        super().on_headers_complete()
-
-    def data_received(self, data: bytes) -> None:
-        self._head_began_in_read = False
-        super().data_received(data)
-        if not self._head_open or self._head_began_in_read or self.transport.is_closing():
-            return
-        self._head_bytes += len(data)  # all of this read belongs to the unfinished head
-        if self._head_bytes > self._head_cap:
-            if self.cycle is None or self.cycle.response_complete:  # never inside another response
-                detail = f"the request headers take more than {self._head_cap} bytes"
-                answer = problem(431, "headers_too_large", detail)
-                self.transport.write(
-                    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/problem+json"
-                    b"\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(answer.body), answer.body)
-                )
-            self.transport.close()
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

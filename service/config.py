@@ -101,6 +101,28 @@ class Settings(BaseSettings):
         " larger is 431 `headers_too_large`.",
     )
 
+    http_head_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request head (request line and headers) must arrive within this long after it"
+        " began, a new connection's first within this long after it was accepted; otherwise 408"
+        " `request_timeout` and the connection is closed.",
+    )
+    http_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A request body must arrive within this long after its head; otherwise 408"
+        " `request_timeout` and the connection is closed.",
+    )
+    http_max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="Client connections one server process holds at most. Beyond it a new connection"
+        " displaces one without a complete request, or is refused with 503 `unavailable` when every"
+        " connection is being served. Unset: the open-file limit (`ulimit -n`) minus a reserve for the"
+        " database pools and files; a larger value is lowered to that.",
+    )
+
     @property
     def ttl_bounds(self) -> TtlBounds:
         return TtlBounds(min_ms=self.ttl_min_ms, max_ms=self.ttl_max_ms, default_ms=self.ttl_default_ms)

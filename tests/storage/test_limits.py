@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 
 from api.app import create_app
-from api.limits import HeaderCappedHttpToolsProtocol
+from api.http_protocol import GuardedHttpToolsProtocol
 from service.config import Settings
 
 if TYPE_CHECKING:
@@ -295,10 +295,10 @@ async def test_openapi_documents_the_limits(http: httpx.AsyncClient) -> None:
 
 @pytest.fixture(scope="module")
 def capped_port(database_url: str) -> Iterator[int]:
-    """The app under uvicorn with ``HeaderCappedHttpToolsProtocol`` (a 64 KiB cap), in a thread."""
+    """The app under uvicorn with ``GuardedHttpToolsProtocol`` (a 64 KiB cap), in a thread."""
     settings = Settings(database_url=database_url, dev_mode=True, reaper_enabled=False)
     config = uvicorn.Config(
-        create_app(settings), port=free_port(), http=HeaderCappedHttpToolsProtocol, log_level="warning"
+        create_app(settings), port=free_port(), http=GuardedHttpToolsProtocol, log_level="warning"
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
