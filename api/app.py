@@ -9,10 +9,11 @@ from typing import Any
 
 import structlog
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from api import commands, health, noop, problems, queries, tokens
-from api.draining import DRAIN
 from api.fast_path import CommandFastPath
+from api.http_protocol import DRAIN
 from api.limits import install_limits
 from service import garbage_collection, loop_lag
 from service.authenticator import Authenticator
@@ -36,8 +37,11 @@ Every call but health and docs needs an API token (`Authorization: Bearer llt_..
 tokens create --name NAME --role ROLE`): role `agent` holds leases as the token's name, `dashboard` reads
 lock state, `investigator` also reads history, `admin` may do everything including force-release.
 
-Errors are `application/problem+json` with a stable `code`.
+Errors are `application/problem+json` with a stable `code`. Timestamps are RFC 3339 in UTC with
+microseconds, e.g. `2026-05-05T09:30:00.250000Z`.
 """
+
+DOCS_ASSETS = "/docs/static"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -99,12 +103,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await pool.close()
 
     telemetry = settings.opentelemetry
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from the fastapi-offline package (under DOCS_ASSETS), not
+    # from a CDN, so they work on a closed network. No trailing-slash redirects: an API's paths are
+    # exact, and a redirect would send a resource of "/" (GET /v1/locks/%2F) to the list of every lock.
+    app = FastAPIOffline(
         title="lockledger",
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
         telemetry={"tracing": telemetry, "metrics": telemetry, "logs": telemetry},
+        static_url=DOCS_ASSETS,
+        redirect_slashes=False,
     )
     app.state.settings = settings
     problems.install(app)

@@ -4,10 +4,10 @@ An agent's acquire, heartbeat and release are most of the traffic, and FastAPI's
 most of their cost: solving a dependency tree per request, validating each header and path parameter
 through its own pydantic field, re-inspecting the endpoint's signature (about 110 µs of a 145 µs request
 in the no-op twin on this machine; docs/performance.md). A command endpoint needs far less, always the
-same: authenticate the caller, read three optional headers, check the resource segment, validate one JSON
-body. ``CommandRoute`` does exactly that, in that order (so a request without credentials is 401 before
-its body is looked at, as with FastAPI's dependencies), and then calls the endpoint. Its handler is
-reached past the router by ``api/fast_path.py``.
+same: authenticate the caller, read three optional headers, refuse query parameters (it has none), check
+the resource segment, validate one JSON body. ``CommandRoute`` does exactly that, in that order (so a
+request without credentials is 401 before its body is looked at, as with FastAPI's dependencies), and
+then calls the endpoint. Its handler is reached past the router by ``api/fast_path.py``.
 
 The endpoint is still declared the FastAPI way, ``(resource: ResourcePath, body: SomeRequest, call:
 Holder)``, so the OpenAPI at ``/docs`` (path pattern, body schema, the headers ``CommandCaller``
@@ -19,7 +19,6 @@ has any other shape is refused when the app is built, not served differently.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine
-from email.message import Message
 from typing import Annotated, Any
 
 from fastapi import Header, Request
@@ -29,8 +28,9 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
 from api.auth import authorize
+from api.request_checks import declared_query, header_text, require_json, unknown_query_errors
 from domain.access import Action, Principal
-from domain.resource import RESOURCE_MAX_LENGTH, is_valid_resource
+from domain.resource import RESOURCE_MAX_LENGTH, RESOURCE_RULE, is_valid_resource
 from domain.value import value
 from service.idempotency import MAX_KEY_LENGTH
 from service.lock_service import CommandContext, LockService
@@ -81,13 +81,20 @@ class CommandCaller:
         raise NotImplementedError("served by CommandRoute, which calls from_request")
 
     async def from_request(self, request: Request) -> CommandCall:
-        """Authenticate and authorize first (401/403 before anything else is looked at), then the headers."""
+        """Authenticate and authorize first (401/403 before anything else is looked at), then the headers.
+
+        The Idempotency-Key (and the trace ids) are opaque text, compared and stored as sent. Their bytes
+        are decoded as UTF-8, so a key with non-ASCII characters is stored, shown in the events'
+        metadata and matched on replay as the characters the client sent; bytes that are not UTF-8 are
+        a 422. The IETF draft describes the key as a Structured Field String (quoted, printable ASCII);
+        like other servers this one does not insist on that form, and never unquotes a key.
+        """
         caller = await authorize(request, self.action)
-        headers = request.headers
-        idempotency_key = headers.get("idempotency-key")
-        correlation_id = headers.get("x-correlation-id")
-        causation_id = headers.get("x-causation-id")
-        errors = [
+        errors: list[dict[str, Any]] = []
+        idempotency_key = _text_header(request, "Idempotency-Key", errors)
+        correlation_id = _text_header(request, "X-Correlation-ID", errors)
+        causation_id = _text_header(request, "X-Causation-ID", errors)
+        errors += [
             *_length_errors("Idempotency-Key", idempotency_key, 1, MAX_KEY_LENGTH),
             *_length_errors("X-Correlation-ID", correlation_id, 0, _TRACE_MAX_LENGTH),
             *_length_errors("X-Causation-ID", causation_id, 0, _TRACE_MAX_LENGTH),
@@ -109,10 +116,11 @@ class CommandRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         endpoint, body_model, caller = self._command_shape()
+        accepted = declared_query(self.dependant)
 
         async def handle(request: Request) -> Response:
             call = await caller.from_request(request)
-            errors: list[dict[str, Any]] = []
+            errors = unknown_query_errors(request, accepted) if request.scope.get("query_string") else []
             resource: str = request.path_params["resource"]
             if not is_valid_resource(resource):
                 errors.append(_resource_error(resource))
@@ -144,34 +152,20 @@ class CommandRoute(APIRoute):
 
 
 async def _body(request: Request, model: type[BaseModel], errors: list[dict[str, Any]]) -> BaseModel | None:
+    """The validated body; a body that is not declared JSON is a 415 (``require_json``), whatever else
+    is wrong with the request."""
     raw = await request.body()
     if not raw:
-        errors.append({"type": "missing", "loc": ("body",), "msg": "Field required", "input": None})
+        msg = "Field required: a JSON object, sent with Content-Type: application/json"
+        errors.append({"type": "missing", "loc": ("body",), "msg": msg, "input": None})
         return None
-    content_type = request.headers.get("content-type")
-    if content_type is not None and not _is_json(content_type):
-        errors.append(
-            {"type": "model_attributes_type", "loc": ("body",), "msg": "Input should be a JSON object"}
-        )
-        return None
+    require_json(request)
     try:
         return model.model_validate_json(raw)
     except ValidationError as invalid:
         for error in invalid.errors(include_url=False):
             errors.append({**error, "loc": ("body", *error["loc"])})
         return None
-
-
-def _is_json(content_type: str) -> bool:
-    """As FastAPI decides: ``application/json`` or any ``application/*+json``."""
-    if content_type == "application/json" or content_type.startswith("application/json;"):
-        return True
-    message = Message()
-    message["content-type"] = content_type
-    subtype = message.get_content_subtype()
-    return message.get_content_maintype() == "application" and (
-        subtype == "json" or subtype.endswith("+json")
-    )
 
 
 def _resource_error(resource: str) -> dict[str, Any]:
@@ -184,8 +178,17 @@ def _resource_error(resource: str) -> dict[str, Any]:
     if len(resource) > RESOURCE_MAX_LENGTH:
         msg = f"String should have at most {RESOURCE_MAX_LENGTH} characters"
         return {"type": "string_too_long", "loc": ("path", "resource"), "msg": msg}
-    msg = "String should be 1-200 of [A-Za-z0-9._:-], not only dots"
+    msg = f"String should be a resource id: {RESOURCE_RULE}"
     return {"type": "string_pattern_mismatch", "loc": ("path", "resource"), "msg": msg}
+
+
+def _text_header(request: Request, header: str, errors: list[dict[str, Any]]) -> str | None:
+    try:
+        return header_text(request, header)
+    except UnicodeDecodeError:
+        msg = "Header value should be UTF-8 text"
+        errors.append({"type": "string_unicode", "loc": ("header", header), "msg": msg})
+        return None
 
 
 def _length_errors(header: str, value: str | None, low: int, high: int) -> list[dict[str, Any]]:

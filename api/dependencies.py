@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Path
 
-from domain.resource import RESOURCE_MAX_LENGTH, RESOURCE_PATTERN
+from domain.resource import RESOURCE_MAX_LENGTH, RESOURCE_PATTERN, RESOURCE_RULE
 
 ResourcePath = Annotated[
     str,
@@ -14,6 +14,6 @@ ResourcePath = Annotated[
         pattern=RESOURCE_PATTERN,
         min_length=1,
         max_length=RESOURCE_MAX_LENGTH,
-        description="Resource id, e.g. `pallet:42` or `zone:A3` (1-200 of `[A-Za-z0-9._:-]`, not only dots).",
+        description=f"Resource id, e.g. `pallet:42` or `zone:A3`: {RESOURCE_RULE}.",
     ),
 ]

@@ -13,9 +13,10 @@ turning an exception into the response the app's exception handlers give (what S
 middleware does). Anything else, a GET, a path no command route matches, goes down the stack as before.
 
 The routes are the ones the router would pick: the command routers are included before every other one
-except FastAPI's docs routes (GET only), and ``tests/api/test_fast_path.py`` holds the fast path to the
-router's choice. With OpenTelemetry on, the app serves commands through the router (``api/app.py``) so
-that every span FastAPI's instrumentation opens is still there.
+except the documentation's pages and assets (under /docs, /redoc and /openapi.json), and
+``tests/api/test_fast_path.py`` holds the fast path to the router's choice. With OpenTelemetry on, the
+app serves commands through the router (``api/app.py``) so that every span FastAPI's instrumentation
+opens is still there.
 """
 
 from __future__ import annotations

@@ -3,15 +3,50 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
+import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from api.problems import problem
+from api.request_checks import StrictRoute
+from projections import queries
 from service.errors import Unavailable
 
-router = APIRouter(tags=["operations"])
+log = structlog.get_logger("lockledger.api")
+
+router = APIRouter(tags=["operations"], route_class=StrictRoute)
+
+LEASES_HELD_SCRAPE_TIMEOUT_S = 1.0
+
+
+class LeasesHeld:
+    """``lockledger_leases_held``: the live leases in ``lock_state``, counted by the database when
+    ``/metrics`` is scraped (no loop keeps it fresh between scrapes). The gauge is left out of a scrape
+    whose count failed, rather than showing a stale number."""
+
+    NAME = "lockledger_leases_held"
+    HELP = (
+        "Leases held now (deadline ahead) per the lock_state table, counted when scraped. Database-wide:"
+        " every server process reports the same number, so aggregate with max, never sum."
+    )
+
+    def __init__(self) -> None:
+        self.value: int | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self.NAME, self.HELP)
+
+    def collect(self) -> Iterator[Metric]:
+        if self.value is not None:
+            yield GaugeMetricFamily(self.NAME, self.HELP, value=self.value)
+
+
+LEASES_HELD = LeasesHeld()
+REGISTRY.register(LEASES_HELD)
 
 
 @router.get("/healthz")
@@ -42,5 +77,22 @@ async def readyz(request: Request) -> Response:
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics() -> Response:
+async def metrics(request: Request) -> Response:
+    LEASES_HELD.value = await _count_leases_held(request)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _count_leases_held(request: Request) -> int | None:
+    """The live-lease count through the read pool, within a second; None when the database cannot tell
+    (the rest of the scrape is still answered: it says most while the database is down)."""
+    if request.app.state.lock_service.guard.stalled_for() > 0:
+        return None
+    try:
+        async with (
+            asyncio.timeout(LEASES_HELD_SCRAPE_TIMEOUT_S),
+            request.app.state.read_pool.acquire() as conn,
+        ):
+            return await queries.count_live_leases(conn)
+    except Exception as error:  # any failure only leaves the gauge out of this scrape
+        log.warning("leases held not counted", error=repr(error))
+        return None

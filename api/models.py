@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
+from domain.events import TIMESTAMP_FIELDS
 from domain.resource import OWNER_PATTERN
+from domain.timestamps import format_timestamp
+
+# Every datetime in an answer, in the one shape of domain/timestamps.py (pydantic's own leaves out the
+# fraction when it is zero); still documented as an RFC 3339 date-time.
+Timestamp = Annotated[
+    datetime,
+    PlainSerializer(format_timestamp, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time"}, mode="serialization"),
+]
 
 Owner = Field(
     default=None,
@@ -75,7 +86,7 @@ class Lease(BaseModel):
     fencing_token: int = Field(
         description="Pass it to every downstream write; reject writes with older ones."
     )
-    expires_at: datetime = Field(description="Deadline by the database clock.")
+    expires_at: Timestamp = Field(description="Deadline by the database clock.")
     ttl_ms: int
 
 
@@ -103,9 +114,9 @@ class LockInfo(BaseModel):
     owner: str | None
     fencing_token: int
     ttl_ms: int | None
-    expires_at: datetime | None
-    acquired_at: datetime | None
-    updated_at: datetime
+    expires_at: Timestamp | None
+    acquired_at: Timestamp | None
+    updated_at: Timestamp
     version: int
     ended_by: str | None
 
@@ -115,14 +126,26 @@ class LockList(BaseModel):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
 
 
+def _event_data(data: dict[str, Any]) -> dict[str, Any]:
+    """An event's data with its instants in the answers' one shape: the log keeps them as they were
+    written (the hash chain covers those bytes), which is not always that shape."""
+    rendered = dict(data)
+    for key in TIMESTAMP_FIELDS & rendered.keys():
+        value = rendered[key]
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):  # not an instant after all: shown as stored
+                rendered[key] = format_timestamp(datetime.fromisoformat(value))
+    return rendered
+
+
 class HistoryEvent(BaseModel):
     position: int
     version: int
     event_id: str
     type: str
-    data: dict[str, Any]
+    data: Annotated[dict[str, Any], PlainSerializer(_event_data, when_used="json")]
     metadata: dict[str, Any]
-    recorded_at: datetime
+    recorded_at: Timestamp
 
 
 class History(BaseModel):

@@ -22,6 +22,7 @@ from api.command_route import CommandRoute
 from api.commands import Holder, lease_owner
 from api.dependencies import ResourcePath
 from api.models import AcquireRequest, ReleaseRequest, RenewRequest
+from domain.timestamps import format_timestamp
 
 
 class _OwnPathsOnly(APIRouter):
@@ -52,7 +53,7 @@ def _lease(resource: str, owner: str, token: int, ttl_ms: int, status: int) -> R
         "resource": resource,
         "owner": owner,
         "fencing_token": token,
-        "expires_at": expires_at.isoformat(),
+        "expires_at": format_timestamp(expires_at),
         "ttl_ms": ttl_ms,
     }
     return Response(json.dumps(body), status_code=status, media_type="application/json")

@@ -14,11 +14,15 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.staticfiles import StaticFiles
 
 from api.auth import document_security
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
+from domain.resource import RESOURCE_RULE
+from domain.timestamps import format_timestamp
 from service.database_guard import UNREACHABLE
 from service.errors import Conflict, Forbidden, IdempotencyKeyReused, ServiceError, Unauthorized, Unavailable
 
@@ -33,6 +37,7 @@ _TITLES = {
     "idempotency_key_reused": "Idempotency-Key reused",
     "idempotency_key_in_progress": "Idempotency-Key in progress",
     "validation_error": "Validation error",
+    "unsupported_media_type": "Unsupported media type",
     "not_found": "Not found",
     "method_not_allowed": "Method not allowed",
     "unauthorized": "Unauthorized",
@@ -56,7 +61,7 @@ _STATUS = {
 
 def _default(value: Any) -> Any:
     if isinstance(value, datetime):
-        return value.isoformat()
+        return format_timestamp(value)
     return str(value)
 
 
@@ -127,7 +132,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}.get(
+        code = _HTTP_CODES.get(
             error.status_code, "validation_error" if 400 <= error.status_code < 500 else "internal_error"
         )
         # FastAPI answers 400 for a body it cannot decode at all (e.g. invalid UTF-8) but 422 for one that
@@ -136,8 +141,13 @@ def install(app: FastAPI) -> None:
         headers = getattr(error, "headers", None)
         if status == 405:
             # Starlette names the methods of the first route whose path matched; RFC 9110 wants all of them.
-            headers = {**(headers or {}), "Allow": _allowed_methods(request)}
-        return problem(status, code, str(error.detail), instance=request.url.path, headers=headers)
+            # The documentation's assets are a mounted app of their own, which serves GET and HEAD.
+            static = isinstance(request.scope.get("endpoint"), StaticFiles)
+            headers = {**(headers or {}), "Allow": "GET, HEAD" if static else _allowed_methods(request)}
+        detail = str(error.detail)
+        if status == 404 and "endpoint" not in request.scope:  # no route matched at all
+            detail = _no_route(request)
+        return problem(status, code, detail, instance=request.url.path, headers=headers)
 
     async def database_unavailable(request: Request, error: Exception) -> Response:
         log.warning("database unavailable", error=repr(error), path=request.url.path)
@@ -156,6 +166,37 @@ def install(app: FastAPI) -> None:
     async def internal_error(request: Request, error: Exception) -> Response:
         log.exception("unhandled error", path=request.url.path)
         return problem(500, "internal_error", "an unexpected error occurred", instance=request.url.path)
+
+
+_HTTP_CODES = {
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    415: "unsupported_media_type",
+}
+
+_LOCKS = "/v1/locks/"
+
+
+def _no_route(request: Request) -> str:
+    """Why no endpoint is at this path, as far as the path tells: most often a resource id with a
+    ``/`` in it (sent as is or as ``%2F``, which the server decodes to the same path), which can never
+    be one segment; or a trailing slash, which no path here has (the server does not redirect: a
+    redirected POST is not retried by every client, and ``/v1/locks/%2F`` must not list every lock)."""
+    path = request.url.path
+    route_path = get_route_path(request.scope)  # the path without a proxy's root path
+    if route_path.startswith(_LOCKS):
+        return (
+            f"no endpoint at {path}: a lock's endpoints are /v1/locks/{{resource}} and "
+            "/v1/locks/{resource}/acquire, renew, release, force-release or history, where a resource id "
+            f"is exactly one path segment: {RESOURCE_RULE} (an encoded %2F is a '/' too)"
+        )
+    if route_path.endswith("/") and route_path != "/":
+        scope = {**request.scope, "path": request.scope["path"][:-1]}
+        if any(route.matches(scope)[0] is not Match.NONE for route in request.app.router.routes):
+            return f"no endpoint at {path}; paths here have no trailing slash: {path[:-1]}"
+    return f"no endpoint at {path}; the API's endpoints are listed at /docs and /openapi.json"
 
 
 def _allowed_methods(request: Request) -> str:
@@ -204,6 +245,7 @@ def document(app: FastAPI) -> None:
                 answers.append(("431", "Request headers too large"))
                 if "requestBody" in operation:
                     answers.append(("413", "Request body too large"))
+                    answers.append(("415", "The body is not sent as JSON (Content-Type: application/json)"))
                 if operation.get("security"):
                     answers += [
                         ("401", "No valid API token"),

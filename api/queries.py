@@ -9,11 +9,12 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from api.auth import require
 from api.dependencies import ResourcePath
 from api.models import History, HistoryEvent, LockInfo, LockList
+from api.request_checks import StrictRoute
 from domain.access import Action
 from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
 from projections import queries
 
-router = APIRouter(prefix="/v1/locks", tags=["queries"])
+router = APIRouter(prefix="/v1/locks", tags=["queries"], route_class=StrictRoute)
 
 
 ReadState = [Depends(require(Action.READ_STATE))]

@@ -6,13 +6,14 @@ admin can manage the fleet's tokens over HTTP. A token is in the response of its
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import require
+from api.models import Timestamp
+from api.request_checks import StrictRoute
 from domain.access import Action, Role
 from domain.resource import OWNER_PATTERN
 from service import tokens
@@ -20,7 +21,10 @@ from service.authenticator import Authenticator
 from service.errors import Conflict
 
 router = APIRouter(
-    prefix="/v1/tokens", tags=["tokens"], dependencies=[Depends(require(Action.MANAGE_TOKENS))]
+    prefix="/v1/tokens",
+    tags=["tokens"],
+    dependencies=[Depends(require(Action.MANAGE_TOKENS))],
+    route_class=StrictRoute,
 )
 
 TokenName = Annotated[str, Path(pattern=OWNER_PATTERN, min_length=1, max_length=200)]
@@ -48,8 +52,8 @@ class TokenEntry(BaseModel):
     id: int
     name: str
     role: Role
-    created_at: datetime
-    revoked_at: datetime | None
+    created_at: Timestamp
+    revoked_at: Timestamp | None
 
 
 class TokenList(BaseModel):
@@ -63,7 +67,8 @@ class Revoked(BaseModel):
 
 @router.post("", status_code=201, response_model=IssuedToken, responses={409: {"description": "role clash"}})
 async def issue(body: TokenRequest, request: Request) -> IssuedToken:
-    """Issue a token. A name keeps one role: 409 `conflict` while it has live tokens of another."""
+    """Issue a token. A name keeps its role for good: 409 `conflict` if it ever had tokens of another
+    role, revoked or not (a token under the name would own that principal's leases and history)."""
     async with request.app.state.pool.acquire() as conn:
         try:
             token = await tokens.create(conn, body.name, body.role)

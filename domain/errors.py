@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from domain.timestamps import format_timestamp
+
 
 class DomainError(Exception):
     """A command that the current state of the lock does not allow."""
@@ -26,7 +28,7 @@ class LockHeld(DomainError):
     code = "lock_held"
 
     def __init__(self, resource: str, holder: str, expires_at: datetime, fencing_token: int) -> None:
-        super().__init__(resource, f"{resource} is held by {holder} until {expires_at.isoformat()}")
+        super().__init__(resource, f"{resource} is held by {holder} until {format_timestamp(expires_at)}")
         self.holder = holder
         self.expires_at = expires_at
         self.fencing_token = fencing_token
@@ -54,7 +56,7 @@ class LeaseExpired(DomainError):
     code = "lease_expired"
 
     def __init__(self, resource: str, expired_at: datetime) -> None:
-        super().__init__(resource, f"the lease on {resource} expired at {expired_at.isoformat()}")
+        super().__init__(resource, f"the lease on {resource} expired at {format_timestamp(expired_at)}")
         self.expired_at = expired_at
 
 

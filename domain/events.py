@@ -71,6 +71,9 @@ Event = LockAcquired | LockRenewed | LockReleased | LockExpired | LockForceRelea
 # Events whose lease deadline is computed from the TTL at the instant of the append.
 GRANTING_EVENTS = frozenset({LOCK_ACQUIRED, LOCK_RENEWED})
 
+# The payload fields that hold an instant (ISO 8601 text in the stored JSON).
+TIMESTAMP_FIELDS = frozenset({"expires_at"})
+
 
 def event_payload(event: Event) -> dict[str, Any]:
     """The JSON body stored in the log (the stream id and type live in their own columns)."""

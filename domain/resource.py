@@ -14,6 +14,8 @@ from dataclasses import dataclass
 # (1-200), since a length bound on this pattern would need lookahead, which pydantic's engine lacks.
 RESOURCE_PATTERN = r"^[A-Za-z0-9._:\-]*[A-Za-z0-9_:\-][A-Za-z0-9._:\-]*$"
 RESOURCE_MAX_LENGTH = 200
+# The resource rule in words, for error messages and the API's documentation.
+RESOURCE_RULE = "1-200 characters of A-Z, a-z, 0-9 and . _ : - (not only dots); no '/'"
 OWNER_PATTERN = r"^[A-Za-z0-9._:@\-]{1,200}$"
 _RESOURCE_RE = re.compile(RESOURCE_PATTERN)
 _OWNER_RE = re.compile(OWNER_PATTERN)

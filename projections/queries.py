@@ -73,6 +73,19 @@ async def get_lock(conn: Connection, resource: str) -> LockView | None:
     return None if row is None else _view(row, row["db_now"])
 
 
+async def count_live_leases(conn: Connection) -> int:
+    """Leases held now (deadline ahead), across the whole table: a count over the held rows' deadline
+    index, cheap enough to run at every metrics scrape."""
+    now = func.statement_timestamp()
+    sql, params = compile_query(
+        select(func.count())
+        .select_from(lock_state)
+        .where(and_(lock_state.c.status == "held", lock_state.c.expires_at > now))
+    )
+    count = await conn.fetchval(sql, *params)
+    return int(count)
+
+
 @dataclass(frozen=True, slots=True)
 class LockPage:
     items: list[LockView]

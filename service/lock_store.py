@@ -27,6 +27,7 @@ from pydantic_core import to_json
 
 from domain.events import GRANTING_EVENTS, LOCK_ACQUIRED, Event, event_payload
 from domain.state import LockState
+from domain.timestamps import SQL_TIMESTAMP_FORMAT
 from domain.value import value
 from eventstore.connection import Connection
 from eventstore.event_ids import new_event_ids
@@ -91,8 +92,16 @@ projected AS (
  RETURNING resource
 ),"""
 
+
+def _answer_text(instant: str) -> str:
+    """SQL writing ``instant`` as every answer writes one (domain/timestamps.py). The response body is
+    built in the statement that stores it under its Idempotency-Key, so a replay is the first answer
+    byte for byte."""
+    return f"to_char({instant} AT TIME ZONE 'UTC', '{SQL_TIMESTAMP_FORMAT}')"
+
+
 # Shared by both shapes: append the events, record the idempotency key, return the response body.
-_APPEND_TAIL = """
+_APPEND_TAIL = f"""
 appended AS (
     INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata, recorded_at)
     SELECT $1::text, $2::bigint + e.ord, e.event_id, e.event_type,
@@ -106,7 +115,8 @@ appended AS (
 ),
 response AS (
     SELECT CASE WHEN $4::integer IS NULL THEN $18::jsonb
-                ELSE $18::jsonb || jsonb_build_object('expires_at', stamped.new_expires_at) END AS body
+                ELSE $18::jsonb || jsonb_build_object('expires_at', {_answer_text("stamped.new_expires_at")})
+            END AS body
       FROM stamped, projected
 ),
 remembered AS (
@@ -307,7 +317,7 @@ async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
 # table analyzed while it held a page tempts even a per-key lookup into a scan; the command path's
 # sessions refuse those: COMMAND_PATH_SETTINGS in service/database.py.)
 # tests/storage/test_statement_plans.py plans each statement on such tables and refuses any scan.
-COMMIT_MANY_SQL = """
+COMMIT_MANY_SQL = f"""
 WITH c AS (
     SELECT * FROM json_to_recordset($1::json)
         AS c(cmd bigint, resource text, expected bigint, require_live boolean, grant_ttl integer,
@@ -383,7 +393,8 @@ answered AS (
     SELECT ok.cmd, ok.ts, ok.new_expires_at, ok.principal, ok.key,
            decode(ok.fingerprint, 'hex') AS fingerprint, ok.resource, ok.status_code,
            CASE WHEN ok.grant_ttl IS NULL THEN ok.response
-                ELSE ok.response || jsonb_build_object('expires_at', ok.new_expires_at) END AS body
+                ELSE ok.response || jsonb_build_object('expires_at', {_answer_text("ok.new_expires_at")})
+            END AS body
       FROM ok
 ),
 remembered AS (

@@ -21,7 +21,7 @@ PREFIX = "llt_"
 
 
 class TokenError(ValueError):
-    """A token request that cannot be honoured (bad name, a name already used with another role)."""
+    """A token request that cannot be honoured (bad name, a name ever used with another role)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +45,10 @@ def looks_like_a_token(token: str) -> bool:
 async def create(conn: Connection, name: str, role: Role) -> str:
     """Issue a token for ``name``; the returned string is the only copy of it anywhere.
 
-    A name keeps one role: a second token for the same name (for rotation) must have the same role, so
-    a lease owner never changes its powers by switching tokens.
+    A name keeps one role for good: a second token for the same name (for rotation) must have the same
+    role, even when every earlier token of the name is revoked. The name is the principal that owns
+    leases, idempotency keys and history; a token of another role under it would take over whatever
+    the old one left live (an admin re-using a revoked agent's name would hold that agent's leases).
     """
     async with conn.transaction():
         # One creator at a time per name, so two concurrent creates cannot give a name two roles.
@@ -59,7 +61,7 @@ async def create_many(conn: Connection, names: Sequence[str], role: Role) -> lis
     """Issue one token per name, all with ``role``, in one statement (one round trip); the tokens in the
     order of ``names``, and again the only copies anywhere.
 
-    All or nothing: when any name already has live tokens with another role, none is issued. Meant for
+    All or nothing: when any name was ever used with another role, none is issued. Meant for
     issuing many fresh names at once (a fleet's agents, the benchmark's): unlike :func:`create` it takes
     no per-name advisory lock (thousands of them would overflow PostgreSQL's lock table), so a
     concurrent ``create`` of one of these very names with another role is not excluded.
@@ -77,8 +79,10 @@ async def create_many(conn: Connection, names: Sequence[str], role: Role) -> lis
         WITH batch AS (
             SELECT name, token_hash FROM unnest($1::text[], $3::bytea[]) AS t(name, token_hash)
         ), clash AS (
-            SELECT t.name, t.role FROM api_tokens t
-             WHERE t.name IN (SELECT name FROM batch) AND t.revoked_at IS NULL AND t.role <> $2
+            SELECT t.name, t.role, bool_or(t.revoked_at IS NULL) AS live FROM api_tokens t
+             WHERE t.name IN (SELECT name FROM batch) AND t.role <> $2
+             GROUP BY t.name, t.role
+             ORDER BY t.name, t.role
              LIMIT 1
         ), inserted AS (
             INSERT INTO api_tokens (name, role, token_hash)
@@ -86,7 +90,7 @@ async def create_many(conn: Connection, names: Sequence[str], role: Role) -> lis
             RETURNING 1
         )
         SELECT (SELECT name FROM clash) AS clash_name, (SELECT role FROM clash) AS clash_role,
-               (SELECT count(*) FROM inserted) AS inserted
+               (SELECT live FROM clash) AS clash_live, (SELECT count(*) FROM inserted) AS inserted
         """,
         list(names),
         role.value,
@@ -94,8 +98,11 @@ async def create_many(conn: Connection, names: Sequence[str], role: Role) -> lis
     )
     assert row is not None
     if row["clash_name"] is not None:
+        name, role = row["clash_name"], row["clash_role"]
+        held = "already has live tokens" if row["clash_live"] else "had tokens (all revoked now)"
         raise TokenError(
-            f"{row['clash_name']} already has live tokens with role {row['clash_role']}; revoke them first"
+            f"{name} {held} with role {role}, and a name keeps its role for good: its leases and history"
+            f" are that principal's; issue a {role} token, or choose a new name"
         )
     assert row["inserted"] == len(issued)
     return issued

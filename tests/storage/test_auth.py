@@ -383,3 +383,34 @@ async def test_an_admin_manages_tokens_over_http(
     assert (await api.delete(f"/v1/tokens/{agent}", headers=operator)).status_code == 404
     everything = (await api.get("/v1/tokens?include_revoked=true", headers=operator)).json()["items"]
     assert [t["revoked_at"] is not None for t in everything if t["name"] == agent] == [True]
+
+
+async def test_a_revoked_agents_name_cannot_come_back_with_another_role(
+    api: httpx.AsyncClient, issue_token: IssueToken, unique_prefix: str, resource: str
+) -> None:
+    """An admin token under a revoked agent's name would hold that agent's live leases: refused."""
+    operator = bearer(await admin(issue_token, unique_prefix))
+    agent = name(unique_prefix, "retired")
+    issued = await api.post("/v1/tokens", json={"name": agent, "role": "agent"}, headers=operator)
+    lease = (
+        await api.post(f"/v1/locks/{resource}/acquire", json={}, headers=bearer(issued.json()["token"]))
+    ).json()
+    assert (await api.delete(f"/v1/tokens/{agent}", headers=operator)).status_code == 200
+
+    clash = await api.post("/v1/tokens", json={"name": agent, "role": "admin"}, headers=operator)
+    assert clash.status_code == 409
+    problem = clash.json()
+    assert problem["code"] == "conflict"
+    assert problem["detail"].startswith(f"{agent} had tokens (all revoked now) with role agent")
+    assert "choose a new name" in problem["detail"]
+    everything = (await api.get("/v1/tokens?include_revoked=true", headers=operator)).json()["items"]
+    assert [t["role"] for t in everything if t["name"] == agent] == ["agent"]
+    # The lease is still the retired agent's alone; a new agent token under the name is a rotation.
+    assert (await api.get(f"/v1/locks/{resource}", headers=operator)).json()["owner"] == agent
+    rotated = await api.post("/v1/tokens", json={"name": agent, "role": "agent"}, headers=operator)
+    assert rotated.status_code == 201
+    renew = {"fencing_token": lease["fencing_token"]}
+    renewed = await api.post(
+        f"/v1/locks/{resource}/renew", json=renew, headers=bearer(rotated.json()["token"])
+    )
+    assert renewed.status_code == 200, renewed.text

@@ -405,3 +405,48 @@ async def test_rejection_is_reevaluated_on_retry(
     row = await stored_key(admin_pool, key)
     assert row is not None
     assert row["response"].encode() == granted.content
+
+
+async def test_a_utf8_key_is_stored_shown_and_replayed_as_sent(
+    http: httpx.AsyncClient, resource: str, admin_pool: asyncpg.Pool
+) -> None:
+    """Header bytes arrive undecoded; a UTF-8 key means its characters, not their Latin-1 reading."""
+    key = f"clé-{uuid.uuid4().hex}-€✓"
+    correlation = "commande-n°7"
+    headers = {b"Idempotency-Key": key.encode(), b"X-Correlation-ID": correlation.encode()}
+    url = f"/v1/locks/{resource}/acquire"
+    body = {"owner": "bot1", "ttl_ms": 20_000}
+
+    first = await http.post(url, json=body, headers=headers)
+    assert first.status_code == 201, first.text
+    [metadata] = await keyed_metadata(admin_pool, resource, key)
+    assert metadata["idempotency_key"] == key
+    assert metadata["correlation_id"] == correlation
+    history = (await http.get(f"/v1/locks/{resource}/history")).json()
+    assert [e["metadata"].get("idempotency_key") for e in history["events"]] == [key]
+
+    again = await http.post(url, json=body, headers=headers)
+    assert again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert await event_types(admin_pool, resource) == ["LOCK_ACQUIRED"]
+    # The key as its Latin-1 reading is another key: the lock is held, and nothing is replayed.
+    misread = {b"Idempotency-Key": key.encode().decode("latin-1").encode()}
+    assert_problem(await http.post(url, json=body, headers=misread), 409, "lock_held")
+
+
+async def test_a_key_that_is_not_utf8_is_refused(
+    http: httpx.AsyncClient, resource: str, admin_pool: asyncpg.Pool
+) -> None:
+    response = await http.post(
+        f"/v1/locks/{resource}/acquire", json={"owner": "bot1"}, headers={b"Idempotency-Key": b"k\xff\xfe"}
+    )
+    problem = assert_problem(response, 422, "validation_error")
+    assert problem["errors"] == [
+        {
+            "loc": ["header", "Idempotency-Key"],
+            "msg": "Header value should be UTF-8 text",
+            "type": "string_unicode",
+        }
+    ]
+    assert await event_types(admin_pool, resource) == []

@@ -40,3 +40,23 @@ async def test_bad_names_and_no_names(admin_pool: asyncpg.Pool, unique_prefix: s
             await tokens.create_many(conn, [f"{unique_prefix}ok", "no spaces"], Role.AGENT)
         assert await conn.fetchval("SELECT count(*) FROM api_tokens WHERE name LIKE $1", "no spaces") == 0
         assert await tokens.create_many(conn, [], Role.AGENT) == []
+
+
+async def test_a_revoked_name_keeps_its_role(admin_pool: asyncpg.Pool, unique_prefix: str) -> None:
+    """Revoking a name's tokens does not free the name for another role (it would own the old
+    principal's live leases); the same role may come back, as a rotation."""
+    agent = f"{unique_prefix}agv"
+    fresh = f"{unique_prefix}fresh"
+    async with admin_pool.acquire() as conn:
+        await tokens.create(conn, agent, Role.AGENT)
+        assert await tokens.revoke(conn, agent) == 1
+        expected = f"{agent} had tokens \\(all revoked now\\) with role agent"
+        with pytest.raises(tokens.TokenError, match=expected):
+            await tokens.create(conn, agent, Role.ADMIN)
+        with pytest.raises(tokens.TokenError, match=expected):
+            await tokens.create_many(conn, [fresh, agent], Role.DASHBOARD)
+        assert await conn.fetchval("SELECT count(*) FROM api_tokens WHERE name = $1", fresh) == 0
+        roles = await conn.fetch("SELECT role FROM api_tokens WHERE name = $1", agent)
+        assert [row["role"] for row in roles] == ["agent"]
+        rotated = await tokens.create(conn, agent, Role.AGENT)
+        assert await tokens.find(conn, rotated) == Principal(agent, Role.AGENT)
