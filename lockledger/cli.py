@@ -1,4 +1,4 @@
-"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, tokens, bench.
+"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, tokens, psql, database-url, bench.
 
 Server packages are imported inside each command, so `lockledger --help` stays fast and the SDK part of
 this package never needs them.
@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import importlib.util
 import os
+import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from lockledger.dburl import DATABASE_URL_ENV, asyncpg_dsn
+from lockledger.embedded import DATA_DIR_ENV
 
 if TYPE_CHECKING:
     import asyncpg
@@ -26,35 +32,65 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 app = typer.Typer(no_args_is_help=True, help="lockledger: leases with fencing tokens, on an event log.")
-console = Console(stderr=True)
+# soft_wrap: a message is one line however narrow the terminal, or a log, says it is.
+console = Console(stderr=True, soft_wrap=True)
 
 DataDir = Annotated[
     Path | None,
-    typer.Option(help="Data directory of the embedded PostgreSQL used when no database URL is set."),
+    typer.Option(
+        envvar=DATA_DIR_ENV,
+        show_default="a source checkout's .lockledger/pgdata, else the user data directory",
+        help="Data directory of the embedded PostgreSQL used when no database URL is set.",
+    ),
 ]
 DatabaseUrl = Annotated[
     str | None, typer.Option("--database-url", envvar=DATABASE_URL_ENV, help="PostgreSQL URL.")
 ]
 
 
-def _resolve_database(database_url: str | None, data_dir: Path | None) -> tuple[str, bool]:
-    """The database URL to use, starting the embedded server when none is given."""
+def _data_dir(data_dir: Path | None) -> Path:
+    from lockledger import embedded
+
+    return (data_dir or embedded.default_data_dir()).expanduser().resolve()
+
+
+def _resolve_database(
+    database_url: str | None, data_dir: Path | None, *, migrate: bool = True
+) -> tuple[str, bool]:
+    """The database URL to use and whether it is the embedded server's: the URL given, or the embedded
+    server of the data directory, attached to if a process already runs it, else started (and, with
+    ``migrate``, migrated, so that every command finds the schema). A server this process starts is
+    stopped when it exits, unless other processes have attached to it by then; one it attached to is
+    left to them."""
     if database_url:
         return database_url, False
     from lockledger import embedded
 
-    console.print(
-        "[yellow]No LOCKLEDGER_DATABASE_URL: starting the embedded PostgreSQL "
-        f"in {data_dir or embedded.default_data_dir()}[/yellow]"
-    )
-    server = embedded.start(data_dir)
-    return server.ensure_database(), True
+    directory = _data_dir(data_dir)
+    found = embedded.running(directory)
+    shown = escape(str(directory))
+    if found is None:
+        console.print(f"[yellow]No {DATABASE_URL_ENV}: starting the embedded PostgreSQL in {shown}[/yellow]")
+    elif found.holders:
+        console.print(f"using the embedded PostgreSQL already running in {shown} (pid {found.pid})")
+    else:
+        console.print(
+            f"using the embedded PostgreSQL already running in {shown} (pid {found.pid}); the process"
+            " that started it has exited, so it stops when this command does"
+        )
+    server = embedded.start(directory)
+    url = server.ensure_database()
+    if migrate and server.attached_to is None:
+        from lockledger.migrate import upgrade
+
+        upgrade(url)
+    return url, True
 
 
 @contextlib.contextmanager
 def _sigterm_unwinds() -> Iterator[None]:
-    """While serving, SIGTERM ends the process by SystemExit (status 143, as a shell reports a death by
-    SIGTERM) instead of by the signal's default action.
+    """While a command runs (serve, reaper, psql), SIGTERM ends the process by SystemExit (status 143, as
+    a shell reports a death by SIGTERM) instead of by the signal's default action.
 
     uvicorn ends a graceful shutdown by raising the signal that asked for it again, so that the process
     dies of it as its supervisor expects. Dying of SIGTERM skips ``atexit``, where the embedded
@@ -80,11 +116,12 @@ def _migrate(url: str) -> None:
 
 
 # uvicorn without per-request work the service does not need: access lines (structlog and /metrics cover
-# it), proxy header rewriting (no proxy in front by default), Server and Date headers; and httptools with
-# a cap on unfinished request heads (it holds one in memory without bound; this protocol answers 431),
-# which also ends waiting acquires when a graceful shutdown begins (api/draining.py).
+# it), proxy header rewriting (no proxy in front by default), Server and Date headers; and httptools
+# guarded against slow and hostile clients (api/http_protocol.py: deadlines for request heads and bodies,
+# a connection cap below the open-file limit, a cap on unfinished heads, problem+json for malformed
+# requests), which also ends waiting acquires when a graceful shutdown begins.
 _UVICORN_OPTIONS: dict[str, Any] = {
-    "http": "api.draining:DrainingHttpToolsProtocol",
+    "http": "api.http_protocol:GuardedHttpToolsProtocol",
     "access_log": False,
     "proxy_headers": False,
     "server_header": False,
@@ -95,7 +132,7 @@ _UVICORN_OPTIONS: dict[str, Any] = {
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(envvar="LOCKLEDGER_PORT", help="TCP port.")] = 8000,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
     migrate: Annotated[
@@ -119,10 +156,13 @@ def serve(
 ) -> None:
     """Serve the HTTP API (and the reaper). Without a database URL, an embedded PostgreSQL is started."""
 
+    # The port first: when it is taken, nothing else (PostgreSQL, migrations, the reaper) should start.
+    port = _claim_port(host, port)
+
     from api.app import create_app
     from service.config import Settings
 
-    url, embedded = _resolve_database(database_url, data_dir)
+    url, embedded = _resolve_database(database_url, data_dir, migrate=False)
     if migrate if migrate is not None else embedded:
         _migrate(url)
     settings = Settings(database_url=url, reaper_enabled=reaper, dev_mode=dev)
@@ -159,26 +199,45 @@ def serve(
     )
     try:
         status = Supervisor(config, workers).run()
-    except OSError as error:  # the port is taken
-        console.print(f"[red]cannot serve on {host}:{port}: {error.strerror}[/red]")
-        raise typer.Exit(1) from error
+    except OSError as error:  # taken since _claim_port looked
+        _port_unusable(host, port, error)
     if status:
         raise typer.Exit(status)
 
 
+def _claim_port(host: str, port: int) -> int:
+    """Check that ``host:port`` can be served on (nothing listens there) and return the port (a free one
+    for port 0); else say why in one line and exit with status 1."""
+    from lockledger.workers import claim_port
+
+    try:
+        return claim_port(host, port)
+    except OSError as error:
+        _port_unusable(host, port, error)
+
+
+def _port_unusable(host: str, port: int, error: OSError) -> NoReturn:
+    if error.errno == errno.EADDRINUSE:
+        console.print(
+            f"[red]port {port} on {host} is in use (another lockledger?); "
+            "choose another with --port N or `make run PORT=N`[/red]"
+        )
+    else:
+        console.print(f"[red]cannot serve on {host}:{port}: {error.strerror or error}[/red]")
+    raise typer.Exit(1)
+
+
 @app.command("reaper")
-def run_reaper(database_url: DatabaseUrl = None) -> None:
-    """Run a standalone reaper (several may run at once; they share the work)."""
+def run_reaper(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+    """Run a standalone reaper (several may run at once; they share the work).
+
+    Without a database URL it uses the embedded PostgreSQL, as the other commands do."""
     from service.config import Settings
     from service.database import create_pool
     from service.reaper import Reaper
 
-    if not database_url:
-        console.print(f"[red]set {DATABASE_URL_ENV} or --database-url[/red]")
-        raise typer.Exit(2)
-
-    async def main() -> None:
-        settings = Settings(database_url=database_url)
+    async def main(url: str) -> None:
+        settings = Settings(database_url=url)
         pool = await create_pool(settings)
         reaper = Reaper(pool, settings)
         console.print(f"reaper {reaper.reaper_id} running; Ctrl-C to stop")
@@ -187,8 +246,10 @@ def run_reaper(database_url: DatabaseUrl = None) -> None:
         finally:
             await pool.close()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    with _sigterm_unwinds():
+        url, _ = _resolve_database(database_url, data_dir)
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(main(url))
 
 
 async def _with_connection(url: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
@@ -205,7 +266,7 @@ async def _with_connection(url: str, work: Callable[[asyncpg.Connection], Awaita
 @app.command()
 def migrate(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
     """Create or upgrade the schema (tables, triggers, the service role's grants)."""
-    url, _ = _resolve_database(database_url, data_dir)
+    url, _ = _resolve_database(database_url, data_dir, migrate=False)
     _migrate(url)
 
 
@@ -317,11 +378,89 @@ def tokens_revoke(
     console.print(f"[green]revoked {count} token(s) of {name}[/green]")
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def psql(ctx: typer.Context, database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+    """Open psql on the database; arguments after the options go to psql.
+
+    For example `lockledger psql -c 'select 1'`; psql's own --help and -V go after `--`.
+    The embedded server gets the psql shipped with it; a database URL, the psql on PATH (else that one).
+    """
+    url, embedded = _resolve_database(database_url, data_dir)
+    program = None if embedded else shutil.which("psql")
+    if program is None:
+        from lockledger.embedded import psql_program
+
+        program = str(psql_program())
+    with _sigterm_unwinds():
+        status = _run_in_foreground([program, "--dbname", asyncpg_dsn(url), *ctx.args])
+    raise typer.Exit(status)
+
+
+def _run_in_foreground(argv: list[str]) -> int:
+    """Run an interactive program to its end and return its exit status (128 + N if signal N ended it).
+
+    Ctrl-C is the program's (psql cancels the running query with it), so this process only waits
+    meanwhile; a SIGTERM is passed on. Waiting, rather than exec-ing the program, keeps this process to
+    let go of the embedded server afterwards."""
+    process = subprocess.Popen(argv)
+
+    def ignore(signum: int, frame: object) -> None:  # a handler, not SIG_IGN, which the child inherits
+        pass
+
+    def pass_on(signum: int, frame: object) -> None:
+        process.send_signal(signum)
+
+    previous = signal.signal(signal.SIGINT, ignore), signal.signal(signal.SIGTERM, pass_on)
+    try:
+        status = process.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+    return 128 - status if status < 0 else status
+
+
+@app.command("database-url")
+def database_url_command(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+    """Print the database URL, for other tools such as pg_dump.
+
+    The URL given, or that of the embedded server running on the data directory.
+    The latter is valid while that server runs (while `make run` or `lockledger serve` does).
+    """
+    if database_url:
+        print(asyncpg_dsn(database_url))
+        return
+    from lockledger import embedded
+
+    directory = _data_dir(data_dir)
+    found = embedded.running(directory)
+    if found is None:
+        console.print(
+            f"[red]no embedded PostgreSQL is running in {escape(str(directory))}; `make run` (or `lockledger"
+            " serve`) starts it, and `lockledger psql` opens psql on it either way[/red]"
+        )
+        raise typer.Exit(1)
+    print(found.url())
+
+
+# The modules of the bench extra (pyproject.toml), which serving does not install.
+_BENCH_MODULES = ("aiohttp", "psutil", "redis", "eventsourcing", "psycopg")
+
+
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
 )
 def bench(ctx: typer.Context) -> None:
     """Benchmark lockledger against its baselines (options: `lockledger bench --help`)."""
+    missing = [name for name in _BENCH_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        console.print(
+            f"lockledger bench needs the bench extra ({', '.join(missing)} not installed): "
+            "pip install 'lockledger[bench]', or in a checkout `make install` (the dev extra includes it) "
+            "or .venv/bin/pip install -e '.[bench]'",
+            style="red",
+            markup=False,
+        )
+        raise typer.Exit(2)
     from bench.cli import main
 
     sys.exit(main(list(ctx.args), prog="lockledger bench"))
