@@ -1,4 +1,4 @@
-"""lockledger against each baseline, cell by cell, and the issue's targets at W = 64, R = 100,000."""
+"""lockledger against each baseline, cell by cell, and the performance goals at W = 64, R = 100,000."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 Cell = dict[str, Any]
 
-# Issue 3, "What must hold": the goals at W = 64 in the uniform mode.
+# The performance goals at W = 64 in the uniform mode (docs/performance.md).
 GOAL_WORKERS = 64
 GOAL_MODE = "uniform"
 MIN_VS_EVENTSOURCING_X = 5.0
@@ -109,7 +109,7 @@ def _kept_up_check(tag: str, cell: Cell, offered: float) -> dict[str, Any]:
 def check_goals(
     cells: list[Cell], ratios: list[dict[str, Any]], every_run: list[Cell] | None = None
 ) -> list[dict[str, Any]]:
-    """The issue's targets, for each server-worker count measured; ``ok`` None when not measured.
+    """The performance goals, for each server-worker count measured; ``ok`` None when not measured.
 
     ``cells`` holds one cell per (target, mode, W, server workers) (the median run with ``--repeat``);
     memory, errors and violations count over ``every_run`` (default: ``cells``), so no run hides one.

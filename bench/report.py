@@ -1,4 +1,4 @@
-"""The Rich tables printed at the end of a run: every cell, lockledger's ratios, the issue's goals."""
+"""The Rich tables printed at the end of a run: every cell, lockledger's ratios, the performance goals."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench.fleet at a very small size (issue 3, item 5): heartbeating agents lose nothing, lapsed leases
+"""bench.fleet at a very small size: heartbeating agents lose nothing, lapsed leases
 are all expired promptly, and the service keeps serving meanwhile.
 
 The full sizes (10,000 agents, 100,000 leases) are `python -m bench.fleet`; this keeps the module working.

@@ -1,4 +1,4 @@
-"""Fault-injection scenarios and their history checker (issue 5, item 4; see docs/reliability.md).
+"""Fault-injection scenarios and their history checker (see docs/reliability.md).
 
 This folder is a package, unlike the rest of tests/, because it has a conftest.py of its own: without the
 ``__init__.py`` pytest would import that file as the top-level module ``conftest`` and shadow the root

@@ -444,7 +444,7 @@ async def test_every_endpoint_refuses_unknown_query_parameters(
                 "type": "extra_forbidden",
             }
         ], (method, template)
-    # The case: a misspelt filter no longer lists every lock.
+    # A misspelt filter no longer lists every lock.
     problem = assert_problem(await http.get("/v1/locks", params={"owner": "x"}), 422, "validation_error")
     assert problem["detail"] == (
         "query.owner: Unknown query parameter; this endpoint accepts: holder, prefix, expiring_within_ms,"

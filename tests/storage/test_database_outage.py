@@ -80,7 +80,7 @@ def _state(breaker: CircuitBreaker) -> State:
 async def test_sdk_breaker_opens_and_a_stalled_lease_knows_it_is_lost(
     test_database: TestDatabase, unique_prefix: str
 ) -> None:
-    """Issue 4's outage drill through the SDK: while PostgreSQL is frozen the client's breaker opens and
+    """The outage drill through the SDK: while PostgreSQL is frozen the client's breaker opens and
     then refuses calls in well under 5 ms without I/O; a lease whose renewals stall sees `lost` before its
     server-side deadline; after SIGCONT half-open probes close the breaker and a lease granted before the
     outage is renewed."""

@@ -1,6 +1,6 @@
 """Hostile input over real HTTP: every size and bounds limit answers a clear 4xx problem+json.
 
-Issue 5, "Hostile input": bodies (with and without Content-Length), header sections, resource names,
+Bodies (with and without Content-Length), header sections, resource names,
 TTLs and page sizes each have a limit, and going past it is a 4xx with a stable ``code``, never a 5xx or
 a hang, and the server keeps serving afterwards.
 """

@@ -1,6 +1,6 @@
 """schemathesis against the live server: every operation of the OpenAPI document it serves, fuzzed.
 
-Issue 5, "Hostile input": no input yields a 5xx, and every answer (status, content type, headers, body)
+Hostile input: no input yields a 5xx, and every answer (status, content type, headers, body)
 is one the OpenAPI document promises. Positive cases must be accepted and negative ones refused, so the
 document's bounds must be the server's bounds (api/limits.py ``document_limits``).
 
