@@ -19,15 +19,16 @@ PORT ?= $(LOCKLEDGER_PORT)
 
 .PHONY: install run test lint test-pg15 clean
 
-$(RUN_STAMP): pyproject.toml
+# Two distributions: the SDK (lockledger/pyproject.toml) and the server (pyproject.toml), which needs it.
+$(RUN_STAMP): pyproject.toml lockledger/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("lockledger needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e ./lockledger -e .
 	@touch $@
 
 $(DEV_STAMP): $(RUN_STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e ./lockledger -e '.[dev]'
 	@touch $@
 
 install: $(DEV_STAMP)
@@ -50,5 +51,5 @@ test-pg15: $(DEV_STAMP)
 # The checkout's embedded PostgreSQL is stopped first if nothing uses it any more; while something does
 # (a `make run`), nothing is removed. The script needs only the standard library, not .venv.
 clean:
-	@$(PYTHON) lockledger/embedded.py stop '$(LOCAL_DATA)/pgdata' || { echo "make clean: nothing removed"; exit 1; }
+	@$(PYTHON) eventstore/embedded.py stop '$(LOCAL_DATA)/pgdata' || { echo "make clean: nothing removed"; exit 1; }
 	rm -rf $(VENV) $(LOCAL_DATA) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import structlog
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi_offline import FastAPIOffline
 
-from api import commands, health, noop, problems, queries, tokens
+from api import commands, health, problems, queries, tokens
 from api.fast_path import CommandFastPath
 from api.http_protocol import DRAIN
 from api.limits import install_limits
@@ -44,7 +44,12 @@ microseconds, e.g. `2026-05-05T09:30:00.250000Z`.
 DOCS_ASSETS = "/docs/static"
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, extra_command_routers: Sequence[APIRouter] = ()
+) -> FastAPI:
+    """The app for ``settings`` (from the environment when None). ``extra_command_routers`` are served
+    like the commands, fast path included, and matched before them: the benchmark mounts its no-op
+    twin this way (``bench/app.py``); the product mounts none."""
     settings = settings or Settings()
 
     @contextlib.asynccontextmanager
@@ -117,9 +122,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     problems.install(app)
-    # The twin first, where the commands are without it: a route the router matches later pays for every
-    # route tried before it (commands reach the router only with OpenTelemetry on).
-    command_routers = [noop.router, commands.router] if settings.bench_noop else [commands.router]
+    # Extra routers first, where the commands are without them: a route the router matches later pays for
+    # every route tried before it (commands reach the router only with OpenTelemetry on).
+    command_routers = [*extra_command_routers, commands.router]
     if not telemetry:
         # Innermost of the app's middleware (added first), so the request limits still see every request.
         routes = [route for router in command_routers for route in router.routes]

@@ -27,12 +27,12 @@ from typing import Any, NamedTuple
 
 from fastapi import Request
 from fastapi.responses import Response
-from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.command_route import CommandRoute
+from api.paths import route_path
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 ErrorHandler = Callable[[Request, Exception], Coroutine[Any, Any, Response]]
@@ -83,7 +83,7 @@ class CommandFastPath:
         """The command route this request is for and its path parameters; None to pass it on."""
         if scope["type"] != "http" or scope["method"] != "POST":
             return None
-        path = get_route_path(scope)
+        path = route_path(scope)
         for served in self._routes.get(path.rpartition("/")[2], ()):
             match = served.pattern.match(path)
             if match is not None:

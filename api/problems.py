@@ -14,12 +14,12 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.staticfiles import StaticFiles
 
 from api.auth import document_security
+from api.paths import route_path
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
 from domain.resource import RESOURCE_RULE
 from domain.timestamps import format_timestamp
@@ -35,7 +35,6 @@ _TITLES = {
     "not_holder": "Not the holder",
     "lease_expired": "Lease expired",
     "idempotency_key_reused": "Idempotency-Key reused",
-    "idempotency_key_in_progress": "Idempotency-Key in progress",
     "validation_error": "Validation error",
     "unsupported_media_type": "Unsupported media type",
     "not_found": "Not found",
@@ -185,14 +184,14 @@ def _no_route(request: Request) -> str:
     be one segment; or a trailing slash, which no path here has (the server does not redirect: a
     redirected POST is not retried by every client, and ``/v1/locks/%2F`` must not list every lock)."""
     path = request.url.path
-    route_path = get_route_path(request.scope)  # the path without a proxy's root path
-    if route_path.startswith(_LOCKS):
+    routed = route_path(request.scope)  # the path without a proxy's root path
+    if routed.startswith(_LOCKS):
         return (
             f"no endpoint at {path}: a lock's endpoints are /v1/locks/{{resource}} and "
             "/v1/locks/{resource}/acquire, renew, release, force-release or history, where a resource id "
             f"is exactly one path segment: {RESOURCE_RULE} (an encoded %2F is a '/' too)"
         )
-    if route_path.endswith("/") and route_path != "/":
+    if routed.endswith("/") and routed != "/":
         scope = {**request.scope, "path": request.scope["path"][:-1]}
         if any(route.matches(scope)[0] is not Match.NONE for route in request.app.router.routes):
             return f"no endpoint at {path}; paths here have no trailing slash: {path[:-1]}"

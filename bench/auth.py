@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from domain.access import Role
-from lockledger.dburl import asyncpg_dsn
+from eventstore.dburl import asyncpg_dsn
 from service import tokens
 
 AUTH = "bearer"  # how the bench's requests authenticate, recorded with every run

@@ -1,9 +1,10 @@
-"""The lockledger server under test: ``python -m lockledger serve`` as a subprocess of the bench.
+"""The lockledger server under test: ``python -m api.cli serve`` as a subprocess of the bench.
 
 Started with its reaper and authentication on (as in production: ``LOCKLEDGER_DEV_MODE=false`` whatever
 the bench's own environment says; ready only once a request without a token is refused with 401) and the
-no-op twin mounted (``LOCKLEDGER_BENCH_NOOP``), so the real endpoints and the framework ceiling run in the
-same processes. The bench knows its process id and samples it and its workers.
+no-op twin mounted (the benchmark's own app, ``bench.app``), so the real endpoints and the framework
+ceiling run in the same processes. The bench knows its process id and samples it and its workers. A
+caller may add to its environment (``env``: the reaper's settings, say) and set uvicorn's log level.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
+
+from bench.app import FACTORY
+
+_CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -29,10 +35,19 @@ def free_port() -> int:
 
 
 class LockledgerServer:
-    def __init__(self, database_url: str, workers: int, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        database_url: str,
+        workers: int,
+        host: str = "127.0.0.1",
+        env: Mapping[str, str] | None = None,
+        log_level: str | None = None,
+    ) -> None:
         self.database_url = database_url
         self.workers = workers
         self.host = host
+        self.env = dict(env or {})
+        self.log_level = log_level
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = Path(tempfile.mkstemp(prefix="lockledger-bench-server-", suffix=".log")[1])
@@ -48,12 +63,14 @@ class LockledgerServer:
 
     def start(self, timeout_s: float = 60.0) -> None:
         command = [
-            sys.executable, "-m", "lockledger", "serve",
+            sys.executable, "-m", "api.cli", "serve",
             "--host", self.host, "--port", str(self.port),
             "--workers", str(self.workers),
-            "--database-url", self.database_url, "--no-migrate",
+            "--database-url", self.database_url, "--no-migrate", "--app-factory", FACTORY,
+            *(("--log-level", self.log_level) if self.log_level else ()),
         ]  # fmt: skip
-        env = {**os.environ, "LOCKLEDGER_BENCH_NOOP": "true", "LOCKLEDGER_DEV_MODE": "false"}
+        # The checkout on the path, so that the server (and each worker it spawns) imports ``bench.app``.
+        env = {**os.environ, **self.env, "LOCKLEDGER_DEV_MODE": "false", "PYTHONPATH": str(_CHECKOUT)}
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

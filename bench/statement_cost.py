@@ -52,9 +52,9 @@ from domain.commands import Acquire, Command, Release
 from domain.decider import decide
 from domain.resource import TtlBounds
 from domain.state import LockState, initial_state
+from eventstore.dburl import asyncpg_dsn
 from eventstore.schema import SERVICE_ROLE
-from lockledger.dburl import asyncpg_dsn
-from lockledger.migrate import upgrade
+from migrations.upgrade import upgrade
 from service import lock_store
 from service.database import COMMAND_PATH_SETTINGS
 from service.idempotency import fingerprint

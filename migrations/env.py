@@ -10,8 +10,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import projections.schema
 import service.schema
+from eventstore.dburl import database_url_from_env, sqlalchemy_url
 from eventstore.schema import metadata
-from lockledger.dburl import database_url_from_env, sqlalchemy_url
 
 assert projections.schema
 assert service.schema

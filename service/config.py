@@ -81,7 +81,6 @@ class Settings(BaseSettings):
         " providers this process configures. Off by default: even unconfigured it looks the providers up"
         " on every request, about 4 % of the server's CPU on the command path; /metrics is Prometheus.",
     )
-    bench_noop: bool = Field(default=False, description="Mount /v1/noop/*, the benchmark's no-op ceiling.")
     reaper_interval_ms: int = Field(
         default=200, description="Pause between reaper passes that found nothing."
     )

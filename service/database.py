@@ -11,7 +11,7 @@ import structlog
 from asyncpg.pool import PoolConnectionProxy
 
 from eventstore.connection import Connection
-from lockledger.dburl import asyncpg_dsn
+from eventstore.dburl import asyncpg_dsn
 from service.config import Settings
 
 log = structlog.get_logger("lockledger.database")

@@ -2,7 +2,7 @@
 
 Without a guard, every command would wait out its full timeout while the database is frozen or down,
 holding a request, a pool slot and a client's patience each. The guard is a circuit breaker (the same
-one the SDK uses, ``lockledger.breaker``) around every database round trip of the command path: once
+one the SDK uses, ``lockledger_breaker``) around every database round trip of the command path: once
 enough round trips time out or lose their connection it opens, and commands fail at once with 503
 ``unavailable`` and ``Retry-After`` until a few probe round trips succeed again. Conflicts inside a batch
 (a key taken concurrently, a deadlock) say nothing about the database's health and do not count.
@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from lockledger.breaker import BreakerConfig, CircuitBreaker, CircuitOpen
+from lockledger_breaker import BreakerConfig, CircuitBreaker, CircuitOpen
 from service.errors import Unavailable
 
 T = TypeVar("T")
@@ -64,7 +64,7 @@ class DatabaseGuard:
                 sliding_window_type="count",
                 sliding_window_size=20,
                 minimum_number_of_calls=4,
-                wait_duration_in_open_s=2.0,
+                wait_duration_in_open=2.0,
                 permitted_calls_in_half_open=2,
             ),
             name="database",
@@ -82,7 +82,7 @@ class DatabaseGuard:
         try:
             self.breaker.acquire_permission()
         except CircuitOpen as error:
-            retry_after = math.ceil(error.retry_after_s) if error.retry_after_s else 1
+            retry_after = math.ceil(error.retry_after) if error.retry_after else 1
             raise Unavailable(NOT_TRIED, max(retry_after, 1)) from error
         started = time.monotonic()
         self._calls += 1

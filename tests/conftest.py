@@ -29,8 +29,8 @@ import psutil
 import pytest
 
 from domain.access import Role
-from lockledger.dburl import asyncpg_dsn
-from lockledger.migrate import upgrade
+from eventstore.dburl import asyncpg_dsn
+from migrations.upgrade import upgrade
 from service import tokens
 from service.config import Settings
 from service.database import create_pool
@@ -67,7 +67,7 @@ def test_database() -> Iterator[TestDatabase]:
         finally:
             _run_admin(external, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         return
-    from lockledger.embedded import start
+    from eventstore.embedded import start
 
     scratch = Path(tempfile.mkdtemp(prefix="lockledger-test-"))
     server = start(scratch / "pgdata", delete_on_stop=True)
@@ -204,7 +204,7 @@ class ServerProcess:
                 [
                     sys.executable,
                     "-m",
-                    "lockledger",
+                    "api.cli",
                     "serve",
                     "--port",
                     str(self.port),

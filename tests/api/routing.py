@@ -8,17 +8,13 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.routing import BaseRoute, Match
 
-from api.app import create_app
+from bench.app import create_app
 from service.config import Settings
 
 
 def bench_app(**overrides: Any) -> FastAPI:
     """The app with the no-op twin mounted, in dev mode, never started (so it needs no database)."""
-    return create_app(
-        Settings(
-            dev_mode=True, bench_noop=True, database_url="postgresql://unused@127.0.0.1/none", **overrides
-        )
-    )
+    return create_app(Settings(dev_mode=True, database_url="postgresql://unused@127.0.0.1/none", **overrides))
 
 
 def http_scope(method: str, path: str, root_path: str = "") -> dict[str, Any]:

@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.routing import Match
 
-from api import commands, noop
+from api import commands
 from api.command_route import CommandRoute
 from api.fast_path import CommandFastPath
+from bench import noop
 from tests.api.routing import bench_app, first_match, http_scope
 
 

@@ -8,7 +8,7 @@ import pytest
 from fastapi import APIRouter
 from starlette.routing import Match
 
-from api import noop
+from bench import noop
 from tests.api.routing import bench_app, first_match, http_scope
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -157,3 +159,13 @@ def test_waiting_acquires_on_hot_locks_take_turns_instead_of_conflicting(
     assert cell["violations"] == 0, cell["safety"]
     assert cell["safety"]["grants_checked"] >= cell["cycles"]
     assert summary["violations"] == 0
+
+
+def test_bench_without_its_extra_says_what_to_install() -> None:
+    hide_redis = (
+        "import runpy, sys; sys.modules['redis'] = None; runpy.run_module('bench', run_name='__main__')"
+    )
+    result = subprocess.run([sys.executable, "-c", hide_redis], capture_output=True, text=True, check=False)
+    assert result.returncode == 1
+    assert "python -m bench needs the bench extra (redis not installed)" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -18,8 +18,8 @@ import pytest
 
 from bench import statement_cost
 from bench.database import provision
+from eventstore.dburl import asyncpg_dsn
 from eventstore.verify import verify_chains
-from lockledger.dburl import asyncpg_dsn
 
 pytestmark = pytest.mark.storage
 

@@ -16,9 +16,9 @@ import asyncpg
 import pytest
 
 from bench.database import prepare_wal, provision
-from lockledger import embedded
-from lockledger.dburl import asyncpg_dsn
-from lockledger.embedded import start
+from eventstore import embedded
+from eventstore.dburl import asyncpg_dsn
+from eventstore.embedded import start
 
 
 @pytest.fixture(scope="module")

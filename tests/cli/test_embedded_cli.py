@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from lockledger import embedded
+from eventstore import embedded
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ ENV = {
 
 def _lockledger(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "lockledger", *args],
+        [sys.executable, "-m", "api.cli", *args],
         env=env or ENV, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -75,7 +75,7 @@ def _serve(data_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     with log.open("wb") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "lockledger", "serve", "--dev", "--no-reaper", "--port", str(port),
+            [sys.executable, "-m", "api.cli", "serve", "--dev", "--no-reaper", "--port", str(port),
              "--data-dir", str(data_dir)],
             env=ENV, stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
@@ -164,7 +164,7 @@ def test_reaper_runs_on_the_embedded_server_and_stops_it(
     log = tmp_path / "reaper.log"
     with log.open("wb") as stderr:
         reaper = subprocess.Popen(
-            [sys.executable, "-m", "lockledger", "reaper", "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "api.cli", "reaper", "--data-dir", str(data_dir)],
             env=ENV, stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
     try:
@@ -206,7 +206,7 @@ def test_psql_on_the_embedded_server(data_dir: Path) -> None:
 def test_make_cleans_script_stops_a_server_left_behind_but_not_one_in_use(
     data_dir: Path, tmp_path: Path
 ) -> None:
-    """`make clean` runs lockledger/embedded.py with the system's python3: no virtual environment."""
+    """`make clean` runs eventstore/embedded.py with the system's python3: no virtual environment."""
     stop = [sys.executable, "-I", str(EMBEDDED_SCRIPT), "stop", str(data_dir)]
     serve, _ = _serve(data_dir, tmp_path / "serve.log")
     try:
@@ -228,11 +228,3 @@ def test_make_cleans_script_stops_a_server_left_behind_but_not_one_in_use(
     finally:
         if serve.poll() is None:
             serve.kill()
-
-
-def test_bench_without_its_extra_says_what_to_install() -> None:
-    hide_redis = "import sys; sys.modules['redis'] = None; from lockledger.cli import app; app(['bench'])"
-    result = subprocess.run([sys.executable, "-c", hide_redis], env=ENV, capture_output=True, text=True)
-    assert result.returncode == 2
-    assert "lockledger bench needs the bench extra (redis not installed)" in result.stderr
-    assert "Traceback" not in result.stderr

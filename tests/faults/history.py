@@ -38,8 +38,8 @@ from domain.events import (
     LOCK_RELEASED,
     LOCK_RENEWED,
 )
+from eventstore.dburl import asyncpg_dsn
 from eventstore.verify import VerifyReport, verify_chains
-from lockledger.dburl import asyncpg_dsn
 
 # --------------------------------------------------------------------------------------------------
 # The recorder

@@ -21,8 +21,8 @@ from typing import Literal
 
 import psutil
 
-from lockledger.embedded import EmbeddedPostgres, start
-from lockledger.migrate import upgrade
+from eventstore.embedded import EmbeddedPostgres, start
+from migrations.upgrade import upgrade
 from tests.conftest import frozen
 
 DATABASE = "lockledger_faults"

@@ -42,7 +42,7 @@ class ReaperProcess:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "lockledger", "reaper"], env=env, stdout=log, stderr=log
+                [sys.executable, "-m", "api.cli", "reaper"], env=env, stdout=log, stderr=log
             )
         self.pids.append(self.process.pid)
         deadline = time.monotonic() + timeout_s

@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from domain.events import LOCK_EXPIRED
-from lockledger.dburl import asyncpg_dsn
+from eventstore.dburl import asyncpg_dsn
 from tests.faults.history import Audit, EventRecord, History
 from tests.faults.load import MIN_ACKED, Load, LoadProfile
 from tests.faults.postgres import PrivatePostgres

@@ -38,7 +38,7 @@ def _serve_until_ready(data_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "LOCKLEDGER_DATABASE_URL"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "lockledger.cli", "serve", "--dev", "--no-reaper", "--port", str(port),
+        [sys.executable, "-m", "api.cli", "serve", "--dev", "--no-reaper", "--port", str(port),
          "--data-dir", str(data_dir)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip

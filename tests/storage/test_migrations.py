@@ -27,8 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import projections.schema
 import service.schema
+from eventstore.dburl import sqlalchemy_url
 from eventstore.schema import metadata
-from lockledger.dburl import sqlalchemy_url
 
 pytestmark = pytest.mark.storage
 

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from domain.access import Role
-from lockledger.dburl import asyncpg_dsn
+from eventstore.dburl import asyncpg_dsn
 from service import tokens
 from service.config import Settings
 from service.database import create_pool

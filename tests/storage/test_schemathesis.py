@@ -32,7 +32,7 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 from api.app import create_app
 from domain.access import Role
-from lockledger.dburl import asyncpg_dsn
+from eventstore.dburl import asyncpg_dsn
 from service import tokens
 from service.config import Settings
 from service.idempotency import MAX_KEY_LENGTH

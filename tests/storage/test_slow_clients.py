@@ -71,7 +71,7 @@ def limited_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) 
     log_path = tmp_path_factory.mktemp("slow-clients") / "server.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "lockledger", "serve", "--port", str(port)],
+            [sys.executable, "-m", "api.cli", "serve", "--port", str(port)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -22,7 +22,7 @@ import httpx
 import psutil
 import pytest
 
-from lockledger.workers import QUICK_DEATHS_TO_GIVE_UP, backoff_s
+from api.workers import QUICK_DEATHS_TO_GIVE_UP, backoff_s
 
 if TYPE_CHECKING:
     from tests.conftest import ServerProcess, free_port, stop_process
@@ -124,7 +124,7 @@ def test_a_burst_of_connections_is_spread_over_the_workers(two_workers: ServerPr
 
 def test_a_port_already_served_is_refused_not_shared(two_workers: ServerProcess, database_url: str) -> None:
     second = subprocess.run(
-        [sys.executable, "-m", "lockledger", "serve", "--port", str(two_workers.port), "--workers", "2"],
+        [sys.executable, "-m", "api.cli", "serve", "--port", str(two_workers.port), "--workers", "2"],
         env={**os.environ, "LOCKLEDGER_DATABASE_URL": database_url, "LOCKLEDGER_DEV_MODE": "true"},
         capture_output=True,
         timeout=60,
@@ -224,7 +224,7 @@ def test_the_server_stops_when_every_worker_keeps_failing_to_start(tmp_path: Pat
         sock.bind(("127.0.0.1", 0))
         nowhere = f"postgresql://lockledger@127.0.0.1:{sock.getsockname()[1]}/lockledger"  # nothing listens
     result = subprocess.run(
-        [sys.executable, "-m", "lockledger", "serve", "--port", str(free_port()), "--workers", "2"],
+        [sys.executable, "-m", "api.cli", "serve", "--port", str(free_port()), "--workers", "2"],
         env={**os.environ, "LOCKLEDGER_DATABASE_URL": nowhere, "LOCKLEDGER_DEV_MODE": "true"},
         capture_output=True,
         timeout=120,
@@ -236,7 +236,7 @@ def test_the_server_stops_when_every_worker_keeps_failing_to_start(tmp_path: Pat
 _SUPERVISOR_SCRIPT = """
 import multiprocessing, sys, time
 
-from lockledger import workers
+from api import workers
 
 
 def worker(disable):

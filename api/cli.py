@@ -1,4 +1,4 @@
-"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, tokens, psql, database-url, bench.
+"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, tokens, psql, database-url.
 
 Server packages are imported inside each command, so `lockledger --help` stays fast and the SDK part of
 this package never needs them.
@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import importlib.util
 import os
 import shutil
 import signal
@@ -23,8 +22,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from lockledger.dburl import DATABASE_URL_ENV, asyncpg_dsn
-from lockledger.embedded import DATA_DIR_ENV
+from eventstore.dburl import DATABASE_URL_ENV, asyncpg_dsn
+from eventstore.embedded import DATA_DIR_ENV
 
 if TYPE_CHECKING:
     import asyncpg
@@ -49,7 +48,7 @@ DatabaseUrl = Annotated[
 
 
 def _data_dir(data_dir: Path | None) -> Path:
-    from lockledger import embedded
+    from eventstore import embedded
 
     return (data_dir or embedded.default_data_dir()).expanduser().resolve()
 
@@ -64,7 +63,7 @@ def _resolve_database(
     left to them."""
     if database_url:
         return database_url, False
-    from lockledger import embedded
+    from eventstore import embedded
 
     directory = _data_dir(data_dir)
     found = embedded.running(directory)
@@ -81,7 +80,7 @@ def _resolve_database(
     server = embedded.start(directory)
     url = server.ensure_database()
     if migrate and server.attached_to is None:
-        from lockledger.migrate import upgrade
+        from migrations.upgrade import upgrade
 
         upgrade(url)
     return url, True
@@ -109,7 +108,7 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 def _migrate(url: str) -> None:
-    from lockledger.migrate import upgrade
+    from migrations.upgrade import upgrade
 
     upgrade(url)
     console.print("[green]schema migrated to head[/green]")
@@ -127,6 +126,9 @@ _UVICORN_OPTIONS: dict[str, Any] = {
     "server_header": False,
     "date_header": False,
 }
+
+
+APP_FACTORY = "api.app:create_app"
 
 
 @app.command()
@@ -153,15 +155,24 @@ def serve(
             help="Dev mode: no authentication, owners named in the body. Never on a shared network.",
         ),
     ] = False,
+    app_factory: Annotated[
+        str,
+        typer.Option(
+            hidden=True,
+            help="module:function building the app from Settings (a benchmark serves its own variant).",
+        ),
+    ] = APP_FACTORY,
 ) -> None:
     """Serve the HTTP API (and the reaper). Without a database URL, an embedded PostgreSQL is started."""
 
     # The port first: when it is taken, nothing else (PostgreSQL, migrations, the reaper) should start.
     port = _claim_port(host, port)
 
-    from api.app import create_app
+    from uvicorn.importer import import_from_string
+
     from service.config import Settings
 
+    create_app = import_from_string(app_factory)
     url, embedded = _resolve_database(database_url, data_dir, migrate=False)
     if migrate if migrate is not None else embedded:
         _migrate(url)
@@ -188,14 +199,14 @@ def serve(
         with _sigterm_unwinds():
             uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, **_UVICORN_OPTIONS)
         return
-    from lockledger.workers import Supervisor
+    from api.workers import Supervisor
 
     # Worker processes build their app from the environment; each runs a reaper (they share the work).
     os.environ[DATABASE_URL_ENV] = url
     os.environ["LOCKLEDGER_REAPER_ENABLED"] = "true" if reaper else "false"
     os.environ["LOCKLEDGER_DEV_MODE"] = "true" if dev else "false"
     config = uvicorn.Config(
-        "api.app:create_app", factory=True, host=host, port=port, log_level=log_level, **_UVICORN_OPTIONS
+        app_factory, factory=True, host=host, port=port, log_level=log_level, **_UVICORN_OPTIONS
     )
     try:
         status = Supervisor(config, workers).run()
@@ -208,7 +219,7 @@ def serve(
 def _claim_port(host: str, port: int) -> int:
     """Check that ``host:port`` can be served on (nothing listens there) and return the port (a free one
     for port 0); else say why in one line and exit with status 1."""
-    from lockledger.workers import claim_port
+    from api.workers import claim_port
 
     try:
         return claim_port(host, port)
@@ -388,7 +399,7 @@ def psql(ctx: typer.Context, database_url: DatabaseUrl = None, data_dir: DataDir
     url, embedded = _resolve_database(database_url, data_dir)
     program = None if embedded else shutil.which("psql")
     if program is None:
-        from lockledger.embedded import psql_program
+        from eventstore.embedded import psql_program
 
         program = str(psql_program())
     with _sigterm_unwinds():
@@ -429,7 +440,7 @@ def database_url_command(database_url: DatabaseUrl = None, data_dir: DataDir = N
     if database_url:
         print(asyncpg_dsn(database_url))
         return
-    from lockledger import embedded
+    from eventstore import embedded
 
     directory = _data_dir(data_dir)
     found = embedded.running(directory)
@@ -440,30 +451,6 @@ def database_url_command(database_url: DatabaseUrl = None, data_dir: DataDir = N
         )
         raise typer.Exit(1)
     print(found.url())
-
-
-# The modules of the bench extra (pyproject.toml), which serving does not install.
-_BENCH_MODULES = ("aiohttp", "psutil", "redis", "eventsourcing", "psycopg")
-
-
-@app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-)
-def bench(ctx: typer.Context) -> None:
-    """Benchmark lockledger against its baselines (options: `lockledger bench --help`)."""
-    missing = [name for name in _BENCH_MODULES if importlib.util.find_spec(name) is None]
-    if missing:
-        console.print(
-            f"lockledger bench needs the bench extra ({', '.join(missing)} not installed): "
-            "pip install 'lockledger[bench]', or in a checkout `make install` (the dev extra includes it) "
-            "or .venv/bin/pip install -e '.[bench]'",
-            style="red",
-            markup=False,
-        )
-        raise typer.Exit(2)
-    from bench.cli import main
-
-    sys.exit(main(list(ctx.args), prog="lockledger bench"))
 
 
 if __name__ == "__main__":

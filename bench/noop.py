@@ -2,7 +2,7 @@
 
 Same server, workers, routing, route class (``CommandRoute``: authentication, headers, request models)
 and JSON responses as the real commands, but no database: what it reaches is the most any command
-endpoint of this stack can reach. Mounted only when ``LOCKLEDGER_BENCH_NOOP`` is true; never in
+endpoint of this stack can reach. Mounted only by the benchmark's own app (``bench.app``); never in
 production.
 """
 
@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from starlette._utils import get_route_path
 from starlette.routing import Match
 from starlette.types import Scope
 
@@ -22,6 +21,7 @@ from api.command_route import CommandRoute
 from api.commands import Holder, lease_owner
 from api.dependencies import ResourcePath
 from api.models import AcquireRequest, ReleaseRequest, RenewRequest
+from api.paths import route_path
 from domain.timestamps import format_timestamp
 
 
@@ -35,7 +35,7 @@ class _OwnPathsOnly(APIRouter):
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         # The path as the routes see it (a proxy's root path removed), by the function they match with.
-        if not get_route_path(scope).startswith(self.prefix + "/"):
+        if not route_path(scope).startswith(self.prefix + "/"):
             return Match.NONE, {}
         return super().matches(scope)
 

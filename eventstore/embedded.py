@@ -8,7 +8,7 @@ tokens create`` beside it): the first starts it, the others attach to it, and em
 when the last of them exits (each records its pid in the data directory's handle list).
 
 This module also runs as a script with no dependency beyond the standard library: ``python3
-lockledger/embedded.py stop DIR`` is what ``make clean`` runs, with or without a virtual environment.
+eventstore/embedded.py stop DIR`` is what ``make clean`` runs, with or without a virtual environment.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def source_checkout() -> Path | None:
         project = tomllib.loads((root / "pyproject.toml").read_text())
     except (OSError, tomllib.TOMLDecodeError):
         return None
-    return root if project.get("project", {}).get("name") == "lockledger" else None
+    return root if project.get("project", {}).get("name") == "lockledger-server" else None
 
 
 def _alive(pid: int) -> bool:
@@ -209,7 +209,7 @@ def stop_unheld(data_dir: Path) -> Running | None:
 
 
 def _main(argv: list[str]) -> int:
-    """``python3 lockledger/embedded.py stop DIR``: stop DIR's server unless it is in use (exit 1)."""
+    """``python3 eventstore/embedded.py stop DIR``: stop DIR's server unless it is in use (exit 1)."""
     if len(argv) != 2 or argv[0] != "stop":
         print("usage: embedded.py stop DATA_DIR", file=sys.stderr)
         return 2

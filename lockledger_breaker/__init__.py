@@ -8,7 +8,7 @@ pybreaker for asyncio, purgatory has no slow-call rate and no half-open probe li
 few hundred lines that fill that gap, with no I/O and only the standard library.
 
 States: CLOSED -> OPEN when, with at least ``minimum_number_of_calls`` in the window, the failure rate or
-the slow-call rate reaches its threshold; OPEN -> HALF_OPEN once ``wait_duration_in_open_s`` has elapsed
+the slow-call rate reaches its threshold; OPEN -> HALF_OPEN once ``wait_duration_in_open`` has elapsed
 (checked when a call asks for permission); HALF_OPEN permits ``permitted_calls_in_half_open`` probes and,
 once they have all completed, goes back to OPEN (rates at or above a threshold) or to CLOSED (window
 cleared). FORCED_OPEN rejects everything, DISABLED permits everything and records nothing; both last until
@@ -52,14 +52,14 @@ class State(enum.Enum):
 class CircuitOpen(Exception):
     """A call was not permitted by the breaker; raised at once, without calling anything."""
 
-    def __init__(self, name: str, state: State, retry_after_s: float | None = None) -> None:
-        super().__init__(name, state, retry_after_s)
+    def __init__(self, name: str, state: State, retry_after: float | None = None) -> None:
+        super().__init__(name, state, retry_after)
         self.name = name
         self.state = state
-        self.retry_after_s = retry_after_s
+        self.retry_after = retry_after
 
     def __str__(self) -> str:  # formatted lazily: rejection is the hot path while the circuit is open
-        hint = f", retry after {self.retry_after_s:.3f}s" if self.retry_after_s is not None else ""
+        hint = f", retry after {self.retry_after:.3f}s" if self.retry_after is not None else ""
         return f"circuit breaker {self.name!r} is {self.state.value}: call not permitted{hint}"
 
 
@@ -67,33 +67,33 @@ class CircuitOpen(Exception):
 class BreakerConfig:
     failure_rate_threshold: float = 50.0  # percent
     slow_call_rate_threshold: float = 100.0  # percent
-    slow_call_duration_s: float = 5.0
+    slow_call_duration: float = 5.0
     sliding_window_type: Literal["count", "time"] = "count"
     sliding_window_size: int = 100  # calls (count) or seconds (time)
     minimum_number_of_calls: int = 10
-    wait_duration_in_open_s: float = 30.0
+    wait_duration_in_open: float = 30.0
     permitted_calls_in_half_open: int = 5
-    max_wait_in_half_open_s: float = 0.0  # 0 = wait for the permitted probe calls to finish
+    max_wait_in_half_open: float = 0.0  # 0 = wait for the permitted probe calls to finish
 
     def __post_init__(self) -> None:
         if not 0.0 < self.failure_rate_threshold <= 100.0:
             raise ValueError("failure_rate_threshold must be in (0, 100]")
         if not 0.0 < self.slow_call_rate_threshold <= 100.0:
             raise ValueError("slow_call_rate_threshold must be in (0, 100]")
-        if self.slow_call_duration_s <= 0.0:
-            raise ValueError("slow_call_duration_s must be > 0")
+        if self.slow_call_duration <= 0.0:
+            raise ValueError("slow_call_duration must be > 0")
         if self.sliding_window_type not in ("count", "time"):
             raise ValueError("sliding_window_type must be 'count' or 'time'")
         if self.sliding_window_size < 1:
             raise ValueError("sliding_window_size must be >= 1")
         if self.minimum_number_of_calls < 1:
             raise ValueError("minimum_number_of_calls must be >= 1")
-        if self.wait_duration_in_open_s < 0.0:
-            raise ValueError("wait_duration_in_open_s must be >= 0")
+        if self.wait_duration_in_open < 0.0:
+            raise ValueError("wait_duration_in_open must be >= 0")
         if self.permitted_calls_in_half_open < 1:
             raise ValueError("permitted_calls_in_half_open must be >= 1")
-        if self.max_wait_in_half_open_s < 0.0:
-            raise ValueError("max_wait_in_half_open_s must be >= 0")
+        if self.max_wait_in_half_open < 0.0:
+            raise ValueError("max_wait_in_half_open must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ class CircuitBreaker:
         self._state = to
 
     def _check_half_open_timeout(self, now: float, events: list[StateChange]) -> None:
-        limit = self.config.max_wait_in_half_open_s
+        limit = self.config.max_wait_in_half_open
         if self._state is State.HALF_OPEN and limit > 0.0 and now - self._half_open_at >= limit:
             self._transition(State.OPEN, now, events)
 
@@ -271,7 +271,7 @@ class CircuitBreaker:
                     listener(event)
 
     def _record(self, duration_s: float, failed: bool) -> None:
-        slow = duration_s >= self.config.slow_call_duration_s
+        slow = duration_s >= self.config.slow_call_duration
         outcome = (_FAILED if failed else 0) | (_SLOW if slow else 0)
         events: list[StateChange] = []
         with self._lock:
@@ -313,7 +313,7 @@ class CircuitBreaker:
                 return
             now = self._clock()
             if state is State.OPEN:
-                remaining = self._opened_at + self.config.wait_duration_in_open_s - now
+                remaining = self._opened_at + self.config.wait_duration_in_open - now
                 if remaining > 0.0:
                     self._not_permitted += 1
                     raise CircuitOpen(self.name, state, remaining)
@@ -322,7 +322,7 @@ class CircuitBreaker:
             elif state is State.FORCED_OPEN:
                 self._not_permitted += 1
                 raise CircuitOpen(self.name, state, None)
-            else:  # HALF_OPEN, unless its probes took longer than max_wait_in_half_open_s
+            else:  # HALF_OPEN, unless its probes took longer than max_wait_in_half_open
                 events = []
                 self._check_half_open_timeout(now, events)
             error: CircuitOpen | None = None
@@ -332,7 +332,7 @@ class CircuitBreaker:
                 self._permits_taken += 1
             else:
                 self._not_permitted += 1
-                retry = self.config.wait_duration_in_open_s if self._state is State.OPEN else None
+                retry = self.config.wait_duration_in_open if self._state is State.OPEN else None
                 error = CircuitOpen(self.name, self._state, retry)
         self._notify(events)
         if error is not None:

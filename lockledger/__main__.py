@@ -1,3 +1,0 @@
-from lockledger.cli import app
-
-app()
