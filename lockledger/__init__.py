@@ -1,24 +1,14 @@
 """lockledger: the public face of the lock service (the `lockledger` CLI and the Python SDK).
 
-Importing this package pulls in no server dependency, so an agent can use the client alone.
+Importing this package pulls in no server code, so an agent can use the client alone. Every duration in
+the SDK is seconds as a float (``ttl``, ``wait``, ``timeout``, ``retry_timeout``, ``retry_after``). The
+result dataclasses (``LeaseInfo``, ``LockInfo``, ``LockPage``, ``Released``, ``ForceReleased``,
+``History``, ``HistoryEvent``) are in ``lockledger.client``; every error class is in ``lockledger.errors``.
 """
 
-from lockledger.breaker import BreakerConfig, CircuitBreaker, CircuitOpen, State
-from lockledger.client import (
-    AsyncClient,
-    Client,
-    ForceReleased,
-    History,
-    HistoryEvent,
-    LeaseInfo,
-    LockInfo,
-    LockPage,
-    Released,
-)
+from lockledger.client import AsyncClient, Client
 from lockledger.errors import (
     Forbidden,
-    IdempotencyKeyInProgress,
-    IdempotencyKeyReused,
     LeaseExpired,
     LockHeld,
     LockLedgerError,
@@ -30,6 +20,7 @@ from lockledger.errors import (
     ValidationError,
 )
 from lockledger.lease import AsyncLease, Lease
+from lockledger_breaker import BreakerConfig, CircuitBreaker, CircuitOpen, State
 
 __version__ = "0.1.0"
 
@@ -41,22 +32,13 @@ __all__ = [
     "CircuitOpen",
     "Client",
     "Forbidden",
-    "ForceReleased",
-    "History",
-    "HistoryEvent",
-    "IdempotencyKeyInProgress",
-    "IdempotencyKeyReused",
     "Lease",
     "LeaseExpired",
-    "LeaseInfo",
     "LockHeld",
-    "LockInfo",
     "LockLedgerError",
     "LockLost",
-    "LockPage",
     "NotFound",
     "NotHolder",
-    "Released",
     "State",
     "Unauthorized",
     "Unavailable",

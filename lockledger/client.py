@@ -8,10 +8,16 @@ at once as a typed exception. Every attempt passes through a circuit breaker fir
 is down calls fail in microseconds with ``CircuitOpen`` and no network I/O. A transport error (connection
 refused, reset, timed out) that outlasts the retries is raised as ``Unavailable``, like a 503, with the
 httpx error as its cause: callers catch the SDK's exceptions, never httpx's.
+
+Durations are seconds as floats everywhere in this API (``ttl``, ``wait``, ``timeout``, ``retry_timeout``,
+``expiring_within``, ``LeaseInfo.ttl``), as in httpx and asyncio; the server's ``*_ms`` fields are
+converted to and from at the HTTP boundary only. A resource is checked before it goes into a URL.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,15 +29,16 @@ from typing import Any, Self
 import httpx
 import stamina
 
-from lockledger.breaker import CircuitBreaker
 from lockledger.errors import (
     LockLedgerError,
     LockLost,
     Unavailable,
+    ValidationError,
     error_from_response,
     parse_datetime,
 )
 from lockledger.lease import AsyncLease, Lease
+from lockledger_breaker import CircuitBreaker
 
 __all__ = [
     "AsyncClient",
@@ -49,6 +56,10 @@ __all__ = [
 # --- typed results -------------------------------------------------------------------------------------
 
 
+def _seconds(ms: Any) -> float:
+    return int(ms) / 1000
+
+
 def _dt(value: Any) -> datetime:
     parsed = parse_datetime(value)
     if parsed is None:
@@ -58,17 +69,19 @@ def _dt(value: Any) -> datetime:
 
 @dataclass(frozen=True)
 class LeaseInfo:
-    """A granted or renewed lease. ``expires_at`` is by the database clock."""
+    """A granted or renewed lease of ``ttl`` seconds. ``expires_at`` is by the database clock."""
 
     resource: str
     owner: str
     fencing_token: int
     expires_at: datetime
-    ttl_ms: int
+    ttl: float
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LeaseInfo:
-        return cls(d["resource"], d["owner"], int(d["fencing_token"]), _dt(d["expires_at"]), int(d["ttl_ms"]))
+        return cls(
+            d["resource"], d["owner"], int(d["fencing_token"]), _dt(d["expires_at"]), _seconds(d["ttl_ms"])
+        )
 
 
 @dataclass(frozen=True)
@@ -102,13 +115,14 @@ class ForceReleased:
 
 @dataclass(frozen=True)
 class LockInfo:
-    """A lock's projected state: ``status`` is ``held``, ``free`` or ``expired`` (lapsed, not yet reaped)."""
+    """A lock's projected state: ``status`` is ``held``, ``free`` or ``expired`` (lapsed, not yet reaped);
+    ``ttl`` is the last grant's lease length in seconds."""
 
     resource: str
     status: str
     owner: str | None
     fencing_token: int
-    ttl_ms: int | None
+    ttl: float | None
     expires_at: datetime | None
     acquired_at: datetime | None
     updated_at: datetime
@@ -118,7 +132,8 @@ class LockInfo:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LockInfo:
         return cls(
-            d["resource"], d["status"], d.get("owner"), int(d["fencing_token"]), d.get("ttl_ms"),
+            d["resource"], d["status"], d.get("owner"), int(d["fencing_token"]),
+            None if d.get("ttl_ms") is None else _seconds(d["ttl_ms"]),
             parse_datetime(d.get("expires_at")), parse_datetime(d.get("acquired_at")), _dt(d["updated_at"]),
             int(d["version"]), d.get("ended_by"),
         )  # fmt: skip
@@ -162,12 +177,22 @@ def _retry_hook(exc: Exception) -> bool | float:
     """stamina's ``on``: retry transport errors and 5xx; a Retry-After hint becomes the wait."""
     if isinstance(exc, httpx.TransportError):
         return True
-    if isinstance(exc, Unavailable) and exc.retry_after_s is not None:
-        return max(exc.retry_after_s, 0.05)
+    if isinstance(exc, Unavailable) and exc.retry_after is not None:
+        return max(exc.retry_after, 0.05)
     return isinstance(exc, LockLedgerError) and exc.status >= 500
 
 
-def _clean(params: dict[str, Any]) -> dict[str, Any]:
+def _locks_query(
+    holder: str | None,
+    prefix: str | None,
+    expiring_within: float | None,
+    cursor: str | None,
+    limit: int | None,
+) -> dict[str, Any]:
+    params = {"holder": holder, "prefix": prefix, "cursor": cursor, "limit": limit}
+    params["expiring_within_ms"] = (
+        None if expiring_within is None else _ms("expiring_within", expiring_within)
+    )
     return {k: v for k, v in params.items() if v is not None}
 
 
@@ -176,22 +201,54 @@ def _owner(owner: str | None) -> dict[str, Any]:
     return {"owner": owner} if owner is not None else {}
 
 
-def _ttl_ms(ttl_ms: int | None) -> dict[str, Any]:
-    return {} if ttl_ms is None else {"ttl_ms": ttl_ms}
+def _refused(detail: str) -> ValidationError:
+    """The SDK's own ``validation_error``, for an argument it will not send (status 0: nothing was sent)."""
+    return ValidationError(0, {"code": "validation_error", "detail": detail})
 
 
-def _wait_ms(wait_ms: int) -> dict[str, Any]:
-    if wait_ms < 0:
-        raise ValueError("wait_ms must be >= 0")
+# The server's rule for a resource id (one URL path segment): 1-200 of these characters, not only dots
+# ("." and ".." are dot-segments every HTTP client rewrites). The SDK keeps its own copy of the rule, as
+# it imports no server code.
+_RESOURCE_RE = re.compile(r"[A-Za-z0-9._:\-]{1,200}")
+_RESOURCE_RULE = "1-200 characters of A-Z, a-z, 0-9 and . _ : - (not only dots)"
+
+
+def check_resource(resource: str) -> str:
+    """``resource`` if the server could accept it; else ``ValidationError`` (also a ``ValueError``) before
+    anything is sent, so no URL is ever built from a resource like ``a/b``, ``..`` or ``""``."""
+    if not isinstance(resource, str) or not _RESOURCE_RE.fullmatch(resource) or not resource.strip("."):
+        raise _refused(f"invalid resource {resource!r:.80}: {_RESOURCE_RULE}")
+    return resource
+
+
+def _path(resource: str, action: str = "") -> str:
+    return f"/v1/locks/{check_resource(resource)}{action}"
+
+
+def _ms(name: str, seconds: float) -> int:
+    """A duration in seconds as the server's whole milliseconds (its ``*_ms`` fields): the one place the
+    SDK's unit meets the wire's."""
+    if not math.isfinite(seconds) or seconds < 0:
+        raise _refused(f"{name} must be a finite number of seconds >= 0, not {seconds!r}")
+    return round(seconds * 1000)
+
+
+def _ttl(ttl: float | None) -> dict[str, Any]:
+    """Without a ttl the server uses its default (acquire) or the lease's current one (renew)."""
+    return {} if ttl is None else {"ttl_ms": _ms("ttl", ttl)}
+
+
+def _wait(wait: float) -> dict[str, Any]:
+    wait_ms = _ms("wait", wait)
     return {"wait_ms": wait_ms} if wait_ms else {}
 
 
-def _waiting_timeout(base: httpx.Timeout, wait_s: float) -> httpx.Timeout:
+def _waiting_timeout(base: httpx.Timeout, wait: float) -> httpx.Timeout:
     """The client's timeout with the server's wait added to the read, so a waiting acquire is not cut off
     (the client's own when nothing waits)."""
-    if not wait_s:
+    if not wait:
         return base
-    read = None if base.read is None else base.read + wait_s
+    read = None if base.read is None else base.read + wait
     return httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
 
 
@@ -202,13 +259,13 @@ class _Base:
         self,
         *,
         retry_attempts: int,
-        retry_timeout_s: float,
+        retry_timeout: float,
         breaker: CircuitBreaker | None,
         agent_id: str | None,
         token: str | None,
     ) -> None:
         self.retry_attempts = retry_attempts
-        self.retry_timeout_s = retry_timeout_s
+        self.retry_timeout = retry_timeout
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         # With a token the server knows who we are: leases are the token's, and naming anyone else is a 403.
         self.agent_id = agent_id or (None if token else f"agent-{uuid.uuid4().hex[:12]}")
@@ -217,12 +274,12 @@ class _Base:
     def _auth(headers: dict[str, str] | None, token: str | None) -> dict[str, str]:
         return {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
 
-    def _retries(self, wait_s: float = 0.0) -> Any:
+    def _retries(self, wait: float = 0.0) -> Any:
         """stamina's retries; a waiting acquire's own wait does not use up the time left for them."""
         return stamina.retry_context(
             on=_retry_hook,
             attempts=self.retry_attempts,
-            timeout=self.retry_timeout_s + wait_s,
+            timeout=self.retry_timeout + wait,
             wait_initial=0.05,
             wait_max=2.0,
         )
@@ -231,10 +288,10 @@ class _Base:
     def _headers(key: str | None) -> dict[str, str] | None:
         return {"Idempotency-Key": key} if key else None
 
-    def _settle(self, response: httpx.Response, started: float, wait_s: float = 0.0) -> httpx.Response:
+    def _settle(self, response: httpx.Response, started: float, wait: float = 0.0) -> httpx.Response:
         """Record the attempt in the breaker (a 4xx means a healthy server) and raise typed errors. The time
         a waiting acquire was allowed to wait for the lock is not the server being slow."""
-        elapsed = max(0.0, time.monotonic() - started - wait_s)
+        elapsed = max(0.0, time.monotonic() - started - wait)
         if response.status_code >= 500:
             self.breaker.on_error(elapsed)
         else:
@@ -254,9 +311,9 @@ class _Base:
         detail = f"{method} {url}: no answer after retries ({type(exc).__name__}: {exc})"
         return Unavailable(0, {"code": "unavailable", "detail": detail})
 
-    def _failed(self, exc: BaseException, started: float, wait_s: float = 0.0) -> None:
+    def _failed(self, exc: BaseException, started: float, wait: float = 0.0) -> None:
         if isinstance(exc, httpx.TransportError):
-            self.breaker.on_error(max(0.0, time.monotonic() - started - wait_s))
+            self.breaker.on_error(max(0.0, time.monotonic() - started - wait))
         else:  # cancelled, or a bug of ours: says nothing about the server's health
             self.breaker.release_permission()
 
@@ -273,7 +330,7 @@ class AsyncClient(_Base):
         *,
         timeout: float = 5.0,
         retry_attempts: int = 5,
-        retry_timeout_s: float = 10.0,
+        retry_timeout: float = 10.0,
         breaker: CircuitBreaker | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         headers: dict[str, str] | None = None,
@@ -282,7 +339,7 @@ class AsyncClient(_Base):
     ) -> None:
         super().__init__(
             retry_attempts=retry_attempts,
-            retry_timeout_s=retry_timeout_s,
+            retry_timeout=retry_timeout,
             breaker=breaker,
             agent_id=agent_id,
             token=token,
@@ -309,12 +366,12 @@ class AsyncClient(_Base):
         *,
         json: dict[str, Any] | None = None,
         params: dict[str, Any] | None = None,
-        wait_s: float = 0.0,
+        wait: float = 0.0,
     ) -> Any:
         key = str(uuid.uuid4()) if method == "POST" else None  # one key for every attempt of this command
-        timeout = _waiting_timeout(self._http.timeout, wait_s)
+        timeout = _waiting_timeout(self._http.timeout, wait)
         try:
-            async for attempt in self._retries(wait_s):
+            async for attempt in self._retries(wait):
                 with attempt:
                     self.breaker.acquire_permission()  # CircuitOpen here: nothing was sent
                     started = time.monotonic()
@@ -328,53 +385,55 @@ class AsyncClient(_Base):
                             timeout=timeout,
                         )
                     except BaseException as exc:
-                        self._failed(exc, started, wait_s)
+                        self._failed(exc, started, wait)
                         raise
-                    return self._settle(response, started, wait_s).json()
+                    return self._settle(response, started, wait).json()
         except httpx.TransportError as exc:
             raise self._unreachable(exc, method, path) from exc
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
     async def acquire(
-        self, resource: str, owner: str | None = None, ttl_ms: int | None = None, wait_ms: int = 0
+        self, resource: str, owner: str | None = None, ttl: float | None = None, wait: float = 0.0
     ) -> LeaseInfo:
-        """Take the lock; if it is held, the server waits up to ``wait_ms`` (at most its
-        ``LOCKLEDGER_MAX_WAIT_MS``) for it to come free before raising ``LockHeld``."""
-        body = {**_owner(owner), **_ttl_ms(ttl_ms), **_wait_ms(wait_ms)}
-        path = f"/v1/locks/{resource}/acquire"
-        return LeaseInfo.from_json(await self._request("POST", path, json=body, wait_s=wait_ms / 1000))
+        """Take the lock for ``ttl`` seconds (the server's default, 30 s, if None); if it is held, the
+        server waits up to ``wait`` seconds (at most its ``LOCKLEDGER_MAX_WAIT_MS``) for it to come free
+        before raising ``LockHeld``."""
+        path = _path(resource, "/acquire")
+        body = {**_owner(owner), **_ttl(ttl), **_wait(wait)}
+        return LeaseInfo.from_json(await self._request("POST", path, json=body, wait=wait))
 
     async def renew(
-        self, resource: str, owner: str | None, fencing_token: int, ttl_ms: int | None = None
+        self, resource: str, owner: str | None, fencing_token: int, ttl: float | None = None
     ) -> LeaseInfo:
-        body = {**_owner(owner), "fencing_token": fencing_token, **_ttl_ms(ttl_ms)}
-        return LeaseInfo.from_json(await self._request("POST", f"/v1/locks/{resource}/renew", json=body))
+        """Extend the lease to ``ttl`` seconds from now (the lease's current length if None)."""
+        path = _path(resource, "/renew")
+        body = {**_owner(owner), "fencing_token": fencing_token, **_ttl(ttl)}
+        return LeaseInfo.from_json(await self._request("POST", path, json=body))
 
     async def release(self, resource: str, owner: str | None, fencing_token: int) -> Released:
+        path = _path(resource, "/release")
         body = {**_owner(owner), "fencing_token": fencing_token}
-        return Released.from_json(await self._request("POST", f"/v1/locks/{resource}/release", json=body))
+        return Released.from_json(await self._request("POST", path, json=body))
 
     async def force_release(self, resource: str, reason: str) -> ForceReleased:
-        data = await self._request("POST", f"/v1/locks/{resource}/force-release", json={"reason": reason})
-        return ForceReleased.from_json(data)
+        path = _path(resource, "/force-release")
+        return ForceReleased.from_json(await self._request("POST", path, json={"reason": reason}))
 
     async def get_lock(self, resource: str) -> LockInfo:
         """The lock's state; ``NotFound`` if it was never locked."""
-        return LockInfo.from_json(await self._request("GET", f"/v1/locks/{resource}"))
+        return LockInfo.from_json(await self._request("GET", _path(resource)))
 
     async def list_locks(
         self,
         *,
         holder: str | None = None,
         prefix: str | None = None,
-        expiring_within_ms: int | None = None,
+        expiring_within: float | None = None,
         cursor: str | None = None,
         limit: int | None = None,
     ) -> LockPage:
-        params = _clean(
-            {"holder": holder, "prefix": prefix, "expiring_within_ms": expiring_within_ms, "cursor": cursor,
-             "limit": limit}
-        )  # fmt: skip
+        """One page of live leases; ``expiring_within`` (seconds): only those whose deadline is that near."""
+        params = _locks_query(holder, prefix, expiring_within, cursor, limit)
         data = await self._request("GET", "/v1/locks", params=params)
         return LockPage([LockInfo.from_json(i) for i in data["items"]], data["next_cursor"])
 
@@ -383,7 +442,7 @@ class AsyncClient(_Base):
         *,
         holder: str | None = None,
         prefix: str | None = None,
-        expiring_within_ms: int | None = None,
+        expiring_within: float | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[LockInfo]:
         """Every live lease matching the filters, following ``next_cursor`` page by page."""
@@ -392,7 +451,7 @@ class AsyncClient(_Base):
             page = await self.list_locks(
                 holder=holder,
                 prefix=prefix,
-                expiring_within_ms=expiring_within_ms,
+                expiring_within=expiring_within,
                 cursor=cursor,
                 limit=limit,
             )
@@ -404,7 +463,7 @@ class AsyncClient(_Base):
 
     async def history(self, resource: str, after_version: int = 0, limit: int = 100) -> History:
         params = {"after_version": after_version, "limit": limit}
-        data = await self._request("GET", f"/v1/locks/{resource}/history", params=params)
+        data = await self._request("GET", _path(resource, "/history"), params=params)
         return History(
             data["resource"], [HistoryEvent.from_json(e) for e in data["events"]], data["next_after_version"]
         )
@@ -428,10 +487,11 @@ class AsyncClient(_Base):
         on_lost: Callable[[LockLost], None] | None = None,
         safety_margin: float = 0.1,
     ) -> AsyncLease:
-        """A managed lease: ``async with client.lock("zone:A3", ttl=30, wait=5) as lease:``.
+        """A managed lease: ``async with client.lock("zone:A3", ttl=30, wait=5) as lease:`` (seconds).
 
         See ``lockledger.lease`` for the renewal and loss rules; ``safety_margin`` is a fraction of ``ttl``.
         """
+        resource = check_resource(resource)
         return AsyncLease(self, resource, owner or self.agent_id, ttl, wait, on_lost, safety_margin)
 
 
@@ -447,7 +507,7 @@ class Client(_Base):
         *,
         timeout: float = 5.0,
         retry_attempts: int = 5,
-        retry_timeout_s: float = 10.0,
+        retry_timeout: float = 10.0,
         breaker: CircuitBreaker | None = None,
         transport: httpx.BaseTransport | None = None,
         headers: dict[str, str] | None = None,
@@ -456,7 +516,7 @@ class Client(_Base):
     ) -> None:
         super().__init__(
             retry_attempts=retry_attempts,
-            retry_timeout_s=retry_timeout_s,
+            retry_timeout=retry_timeout,
             breaker=breaker,
             agent_id=agent_id,
             token=token,
@@ -483,12 +543,12 @@ class Client(_Base):
         *,
         json: dict[str, Any] | None = None,
         params: dict[str, Any] | None = None,
-        wait_s: float = 0.0,
+        wait: float = 0.0,
     ) -> Any:
         key = str(uuid.uuid4()) if method == "POST" else None
-        timeout = _waiting_timeout(self._http.timeout, wait_s)
+        timeout = _waiting_timeout(self._http.timeout, wait)
         try:
-            for attempt in self._retries(wait_s):
+            for attempt in self._retries(wait):
                 with attempt:
                     self.breaker.acquire_permission()
                     started = time.monotonic()
@@ -502,52 +562,55 @@ class Client(_Base):
                             timeout=timeout,
                         )
                     except BaseException as exc:
-                        self._failed(exc, started, wait_s)
+                        self._failed(exc, started, wait)
                         raise
-                    return self._settle(response, started, wait_s).json()
+                    return self._settle(response, started, wait).json()
         except httpx.TransportError as exc:
             raise self._unreachable(exc, method, path) from exc
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
     def acquire(
-        self, resource: str, owner: str | None = None, ttl_ms: int | None = None, wait_ms: int = 0
+        self, resource: str, owner: str | None = None, ttl: float | None = None, wait: float = 0.0
     ) -> LeaseInfo:
-        """Take the lock; if it is held, the server waits up to ``wait_ms`` (at most its
-        ``LOCKLEDGER_MAX_WAIT_MS``) for it to come free before raising ``LockHeld``."""
-        body = {**_owner(owner), **_ttl_ms(ttl_ms), **_wait_ms(wait_ms)}
-        path = f"/v1/locks/{resource}/acquire"
-        return LeaseInfo.from_json(self._request("POST", path, json=body, wait_s=wait_ms / 1000))
+        """Take the lock for ``ttl`` seconds (the server's default, 30 s, if None); if it is held, the
+        server waits up to ``wait`` seconds (at most its ``LOCKLEDGER_MAX_WAIT_MS``) for it to come free
+        before raising ``LockHeld``."""
+        path = _path(resource, "/acquire")
+        body = {**_owner(owner), **_ttl(ttl), **_wait(wait)}
+        return LeaseInfo.from_json(self._request("POST", path, json=body, wait=wait))
 
     def renew(
-        self, resource: str, owner: str | None, fencing_token: int, ttl_ms: int | None = None
+        self, resource: str, owner: str | None, fencing_token: int, ttl: float | None = None
     ) -> LeaseInfo:
-        body = {**_owner(owner), "fencing_token": fencing_token, **_ttl_ms(ttl_ms)}
-        return LeaseInfo.from_json(self._request("POST", f"/v1/locks/{resource}/renew", json=body))
+        """Extend the lease to ``ttl`` seconds from now (the lease's current length if None)."""
+        path = _path(resource, "/renew")
+        body = {**_owner(owner), "fencing_token": fencing_token, **_ttl(ttl)}
+        return LeaseInfo.from_json(self._request("POST", path, json=body))
 
     def release(self, resource: str, owner: str | None, fencing_token: int) -> Released:
+        path = _path(resource, "/release")
         body = {**_owner(owner), "fencing_token": fencing_token}
-        return Released.from_json(self._request("POST", f"/v1/locks/{resource}/release", json=body))
+        return Released.from_json(self._request("POST", path, json=body))
 
     def force_release(self, resource: str, reason: str) -> ForceReleased:
-        data = self._request("POST", f"/v1/locks/{resource}/force-release", json={"reason": reason})
-        return ForceReleased.from_json(data)
+        path = _path(resource, "/force-release")
+        return ForceReleased.from_json(self._request("POST", path, json={"reason": reason}))
 
     def get_lock(self, resource: str) -> LockInfo:
-        return LockInfo.from_json(self._request("GET", f"/v1/locks/{resource}"))
+        """The lock's state; ``NotFound`` if it was never locked."""
+        return LockInfo.from_json(self._request("GET", _path(resource)))
 
     def list_locks(
         self,
         *,
         holder: str | None = None,
         prefix: str | None = None,
-        expiring_within_ms: int | None = None,
+        expiring_within: float | None = None,
         cursor: str | None = None,
         limit: int | None = None,
     ) -> LockPage:
-        params = _clean(
-            {"holder": holder, "prefix": prefix, "expiring_within_ms": expiring_within_ms, "cursor": cursor,
-             "limit": limit}
-        )  # fmt: skip
+        """One page of live leases; ``expiring_within`` (seconds): only those whose deadline is that near."""
+        params = _locks_query(holder, prefix, expiring_within, cursor, limit)
         data = self._request("GET", "/v1/locks", params=params)
         return LockPage([LockInfo.from_json(i) for i in data["items"]], data["next_cursor"])
 
@@ -556,7 +619,7 @@ class Client(_Base):
         *,
         holder: str | None = None,
         prefix: str | None = None,
-        expiring_within_ms: int | None = None,
+        expiring_within: float | None = None,
         limit: int | None = None,
     ) -> Iterator[LockInfo]:
         cursor: str | None = None
@@ -564,7 +627,7 @@ class Client(_Base):
             page = self.list_locks(
                 holder=holder,
                 prefix=prefix,
-                expiring_within_ms=expiring_within_ms,
+                expiring_within=expiring_within,
                 cursor=cursor,
                 limit=limit,
             )
@@ -575,7 +638,7 @@ class Client(_Base):
 
     def history(self, resource: str, after_version: int = 0, limit: int = 100) -> History:
         params = {"after_version": after_version, "limit": limit}
-        data = self._request("GET", f"/v1/locks/{resource}/history", params=params)
+        data = self._request("GET", _path(resource, "/history"), params=params)
         return History(
             data["resource"], [HistoryEvent.from_json(e) for e in data["events"]], data["next_after_version"]
         )
@@ -598,5 +661,6 @@ class Client(_Base):
         on_lost: Callable[[LockLost], None] | None = None,
         safety_margin: float = 0.1,
     ) -> Lease:
-        """A managed lease: ``with client.lock("zone:A3", ttl=30, wait=5) as lease:``."""
+        """A managed lease: ``with client.lock("zone:A3", ttl=30, wait=5) as lease:`` (seconds)."""
+        resource = check_resource(resource)
         return Lease(self, resource, owner or self.agent_id, ttl, wait, on_lost, safety_margin)

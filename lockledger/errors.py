@@ -1,7 +1,12 @@
-"""Typed exceptions for the SDK: one class per problem+json ``code`` the server documents.
+"""Typed exceptions for the SDK: one class per problem+json ``code`` the server sends.
 
 Callers branch on the type (``except LockHeld``) instead of parsing bodies, and the raw problem stays on
-``.problem`` for logging. Importing this module pulls in no server code.
+``.problem`` for logging. A code without a class of its own here (``conflict``, ``payload_too_large``...)
+is raised as ``LockLedgerError`` with its ``code``. Importing this module pulls in no server code.
+
+The server never answers 409 ``idempotency_key_in_progress``: a retry under a key whose first request is
+still being processed waits for that request and gets its stored answer (``Idempotent-Replayed: true``),
+so the SDK has no class for it.
 """
 
 from __future__ import annotations
@@ -11,12 +16,11 @@ from typing import Any
 
 import httpx
 
-from lockledger.breaker import CircuitOpen
+from lockledger_breaker import CircuitOpen
 
 __all__ = [
     "CircuitOpen",
     "Forbidden",
-    "IdempotencyKeyInProgress",
     "IdempotencyKeyReused",
     "LeaseExpired",
     "LockHeld",
@@ -39,7 +43,9 @@ def parse_datetime(value: Any) -> datetime | None:
 
 
 class LockLedgerError(Exception):
-    """A refusal or failure reported by the server (or, for ``LockLost``, by the SDK itself)."""
+    """A refusal or failure reported by the server, or found by the SDK itself: then ``status`` is 0
+    (``LockLost``; ``Unavailable`` when no answer came; ``ValidationError`` for an argument the SDK
+    refuses before sending anything)."""
 
     code = "error"
 
@@ -85,11 +91,10 @@ class IdempotencyKeyReused(LockLedgerError):
     code = "idempotency_key_reused"
 
 
-class IdempotencyKeyInProgress(LockLedgerError):
-    code = "idempotency_key_in_progress"
+class ValidationError(LockLedgerError, ValueError):
+    """The request is malformed: answered 422 by the server, or refused by the SDK before any request
+    (status 0), e.g. a resource that is not 1-200 characters of ``[A-Za-z0-9._:-]``. Also a ``ValueError``."""
 
-
-class ValidationError(LockLedgerError):
     code = "validation_error"
 
 
@@ -106,7 +111,7 @@ class Forbidden(LockLedgerError):
 
 
 class Unavailable(LockLedgerError):
-    """The server (or its database) cannot answer now; ``retry_after_s`` is its hint, if it gave one.
+    """The server (or its database) cannot answer now; ``retry_after`` (seconds) is its hint, if any.
 
     Also raised when no answer came at all (connection refused or reset, a timeout) once the client's
     retries are spent: then ``status`` is 0 and the httpx error is the ``__cause__``.
@@ -119,10 +124,10 @@ class Unavailable(LockLedgerError):
         status: int,
         problem: dict[str, Any] | None = None,
         detail: str | None = None,
-        retry_after_s: float | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(status, problem, detail)
-        self.retry_after_s = retry_after_s
+        self.retry_after = retry_after
 
 
 class LockLost(LockLedgerError):
@@ -146,7 +151,6 @@ _BY_CODE: dict[str, type[LockLedgerError]] = {
         NotHolder,
         LeaseExpired,
         IdempotencyKeyReused,
-        IdempotencyKeyInProgress,
         ValidationError,
         NotFound,
         Unauthorized,
@@ -174,7 +178,7 @@ def error_from_response(response: httpx.Response) -> LockLedgerError:
     code = problem.get("code")
     status = response.status_code
     if code == "unavailable" or status == 503:
-        return Unavailable(status, problem, retry_after_s=_retry_after(response))
+        return Unavailable(status, problem, retry_after=_retry_after(response))
     cls = _BY_CODE.get(str(code)) if code is not None else None
     if cls is None:
         by_status = {404: NotFound, 401: Unauthorized, 403: Forbidden, 422: ValidationError}

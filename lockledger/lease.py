@@ -1,7 +1,8 @@
 """Managed leases: acquire (optionally waiting), renew in the background, know when the lease is lost.
 
-Waiting (``wait=``) happens on the server: the acquire carries ``wait_ms`` and is answered when the lock
-comes free (waiters on one server process in arrival order) or the wait runs out.
+``ttl``, ``wait`` and every other duration here are seconds (floats). Waiting (``wait=``) happens on the
+server: the acquire carries what is left of the wait and is answered when the lock comes free (waiters on
+one server process in arrival order) or the wait runs out.
 
 The safety rule. A renewal extends the server deadline to ``db_now + ttl`` where ``db_now`` is at or after
 the moment the request left this process, so ``t_sent + ttl`` on the local monotonic clock is never later
@@ -42,19 +43,19 @@ _BACKOFF_INITIAL_S = 0.05
 _BACKOFF_MAX_S = 1.0
 
 
-def _remaining_ms(remaining_s: float) -> int:
+def _remaining(give_up_at: float, now: float) -> float:
     """What is left of the caller's ``wait``, for the server to wait with (it wakes on the release, so
     waiting agents neither poll nor stampede)."""
-    return max(0, int(remaining_s * 1000))
+    return max(0.0, give_up_at - now)
 
 
-def _pause_before_asking_again(sent_at: float, wait_ms: int, refusals: int, give_up_at: float) -> float:
+def _pause_before_asking_again(sent_at: float, wait: float, refusals: int, give_up_at: float) -> float:
     """0 when the server waited before refusing (it waits at most its ``LOCKLEDGER_MAX_WAIT_MS``): ask
     again at once for what is left. A refusal that came back at once from a server that does not wait
     (a maximum of 0) gets full-jitter exponential backoff instead, so agents do not spin on it. Never
     past ``give_up_at``."""
     now = time.monotonic()
-    if now - sent_at >= 0.5 * min(1.0, wait_ms / 1000):
+    if now - sent_at >= 0.5 * min(1.0, wait):
         return 0.0
     pause = random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_INITIAL_S * 2 ** min(refusals, 10)))
     return min(pause, max(0.0, give_up_at - now))
@@ -72,8 +73,8 @@ class _LeaseState:
         on_lost: Callable[[LockLost], None] | None,
         safety_margin: float,
     ) -> None:
-        if ttl <= 0:
-            raise ValueError("ttl must be positive")
+        if not ttl > 0 or not wait >= 0:  # NaN fails both
+            raise ValueError("ttl must be > 0 and wait >= 0 (seconds)")
         if not 0 <= safety_margin < 1:
             raise ValueError("safety_margin is a fraction of ttl in [0, 1)")
         self.resource = resource
@@ -88,10 +89,6 @@ class _LeaseState:
         self.expires_at: datetime | None = None
         self.deadline = 0.0  # local monotonic deadline
         self.renewals = 0
-
-    @property
-    def ttl_ms(self) -> int:
-        return round(self.ttl * 1000)
 
     @property
     def renew_interval(self) -> float:
@@ -166,18 +163,18 @@ class AsyncLease(_LeaseState):
         refusals = 0
         while True:
             sent_at = time.monotonic()
-            wait_ms = _remaining_ms(give_up_at - sent_at)
+            wait = _remaining(give_up_at, sent_at)
             try:
-                info = await self._client.acquire(self.resource, self.owner, self.ttl_ms, wait_ms)
+                info = await self._client.acquire(self.resource, self.owner, self.ttl, wait)
             except LockHeld:
                 if time.monotonic() >= give_up_at:
                     raise
-                await asyncio.sleep(_pause_before_asking_again(sent_at, wait_ms, refusals, give_up_at))
+                await asyncio.sleep(_pause_before_asking_again(sent_at, wait, refusals, give_up_at))
                 refusals += 1
                 continue
             if self._granted_late(sent_at):
                 sent_at = time.monotonic()
-                info = await self._client.renew(self.resource, info.owner, info.fencing_token, self.ttl_ms)
+                info = await self._client.renew(self.resource, info.owner, info.fencing_token, self.ttl)
             self._granted(info, sent_at)
             return
 
@@ -188,9 +185,7 @@ class AsyncLease(_LeaseState):
             try:
                 # Never wait on a renewal past the local deadline: the watchdog has decided by then.
                 async with asyncio.timeout(max(0.0, self.deadline - sent_at)):
-                    info = await self._client.renew(
-                        self.resource, self.owner, self.fencing_token, self.ttl_ms
-                    )
+                    info = await self._client.renew(self.resource, self.owner, self.fencing_token, self.ttl)
             except (LeaseExpired, NotHolder) as error:
                 self._mark_lost(f"renewal refused: {error.code}")
                 return
@@ -269,18 +264,18 @@ class Lease(_LeaseState):
         refusals = 0
         while True:
             sent_at = time.monotonic()
-            wait_ms = _remaining_ms(give_up_at - sent_at)
+            wait = _remaining(give_up_at, sent_at)
             try:
-                info = self._client.acquire(self.resource, self.owner, self.ttl_ms, wait_ms)
+                info = self._client.acquire(self.resource, self.owner, self.ttl, wait)
             except LockHeld:
                 if time.monotonic() >= give_up_at:
                     raise
-                time.sleep(_pause_before_asking_again(sent_at, wait_ms, refusals, give_up_at))
+                time.sleep(_pause_before_asking_again(sent_at, wait, refusals, give_up_at))
                 refusals += 1
                 continue
             if self._granted_late(sent_at):
                 sent_at = time.monotonic()
-                info = self._client.renew(self.resource, info.owner, info.fencing_token, self.ttl_ms)
+                info = self._client.renew(self.resource, info.owner, info.fencing_token, self.ttl)
             self._granted(info, sent_at)
             return
 
@@ -288,7 +283,7 @@ class Lease(_LeaseState):
         while not self._stop.wait(self.renew_interval) and not self.lost.is_set():
             sent_at = time.monotonic()
             try:
-                info = self._client.renew(self.resource, self.owner, self.fencing_token, self.ttl_ms)
+                info = self._client.renew(self.resource, self.owner, self.fencing_token, self.ttl)
             except (LeaseExpired, NotHolder) as error:
                 self._mark_lost(f"renewal refused: {error.code}")
                 return
@@ -326,7 +321,7 @@ class Lease(_LeaseState):
     ) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=self._client.retry_timeout_s + 1)
+            thread.join(timeout=self._client.retry_timeout + 1)
         try:
             self._client.release(self.resource, self.owner, self.fencing_token)
         except Exception as error:

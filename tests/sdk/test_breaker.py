@@ -1,4 +1,4 @@
-"""The SDK's circuit breaker (lockledger.breaker), driven by a fake clock."""
+"""The SDK's circuit breaker (lockledger_breaker), driven by a fake clock."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lockledger.breaker import (
+from lockledger_breaker import (
     BreakerConfig,
     BreakerMetrics,
     CircuitBreaker,
@@ -40,9 +40,9 @@ def make(
         "failure_rate_threshold": 50.0,
         "sliding_window_size": 10,
         "minimum_number_of_calls": 4,
-        "wait_duration_in_open_s": 30.0,
+        "wait_duration_in_open": 30.0,
         "permitted_calls_in_half_open": 2,
-        "slow_call_duration_s": 5.0,
+        "slow_call_duration": 5.0,
     }
     base.update(overrides)
     breaker = CircuitBreaker(BreakerConfig(**base), name="test", clock=clock)  # type: ignore[arg-type]
@@ -85,13 +85,13 @@ def test_state_values_are_lowercase_names() -> None:
 
 def test_defaults_match_resilience4j() -> None:
     c = BreakerConfig()
-    assert (c.failure_rate_threshold, c.slow_call_rate_threshold, c.slow_call_duration_s) == (
+    assert (c.failure_rate_threshold, c.slow_call_rate_threshold, c.slow_call_duration) == (
         50.0,
         100.0,
         5.0,
     )
     assert (c.sliding_window_type, c.sliding_window_size, c.minimum_number_of_calls) == ("count", 100, 10)
-    assert (c.wait_duration_in_open_s, c.permitted_calls_in_half_open, c.max_wait_in_half_open_s) == (
+    assert (c.wait_duration_in_open, c.permitted_calls_in_half_open, c.max_wait_in_half_open) == (
         30.0,
         5,
         0.0,
@@ -108,7 +108,7 @@ def test_defaults_match_resilience4j() -> None:
         {"minimum_number_of_calls": 0},
         {"permitted_calls_in_half_open": 0},
         {"sliding_window_type": "sliding"},
-        {"wait_duration_in_open_s": -1.0},
+        {"wait_duration_in_open": -1.0},
     ],
 )
 def test_invalid_config_is_rejected(bad: dict[str, object]) -> None:
@@ -190,7 +190,7 @@ def test_time_window_counts_calls_across_buckets_and_skips_long_gaps() -> None:
 
 
 def test_slow_call_rate_opens_it() -> None:
-    breaker, _, events = make(slow_call_rate_threshold=50.0, slow_call_duration_s=2.0)
+    breaker, _, events = make(slow_call_rate_threshold=50.0, slow_call_duration=2.0)
     succeed(breaker, 2, duration=0.1)
     succeed(breaker, 1, duration=2.0)  # exactly the duration: slow
     assert breaker.metrics.slow_calls == 1
@@ -201,7 +201,7 @@ def test_slow_call_rate_opens_it() -> None:
 
 
 def test_a_slow_failure_counts_as_both() -> None:
-    breaker, _, _ = make(minimum_number_of_calls=100, slow_call_duration_s=1.0)
+    breaker, _, _ = make(minimum_number_of_calls=100, slow_call_duration=1.0)
     fail(breaker, 1, duration=1.5)
     m = breaker.metrics
     assert (m.calls, m.failures, m.slow_calls) == (1, 1, 1)
@@ -211,14 +211,14 @@ def test_a_slow_failure_counts_as_both() -> None:
 
 
 def test_open_rejects_until_the_wait_elapses_then_half_opens() -> None:
-    breaker, clock, events = make(wait_duration_in_open_s=30.0)
+    breaker, clock, events = make(wait_duration_in_open=30.0)
     trip(breaker)
     clock.advance(10.0)
     with pytest.raises(CircuitOpen) as info:
         breaker.acquire_permission()
     assert info.value.name == "test"
     assert info.value.state is State.OPEN
-    assert info.value.retry_after_s == pytest.approx(20.0)
+    assert info.value.retry_after == pytest.approx(20.0)
     assert breaker.metrics.not_permitted == 1
     clock.advance(20.0)
     assert state_of(breaker) is State.OPEN  # the transition happens on the next permission request
@@ -278,7 +278,7 @@ async def test_async_call_rejected_without_awaiting_fn() -> None:
     with pytest.raises(CircuitOpen) as info:
         await breaker.call(fn)
     assert info.value.state is State.FORCED_OPEN
-    assert info.value.retry_after_s is None
+    assert info.value.retry_after is None
     assert not called
 
 
@@ -349,7 +349,7 @@ def test_probes_failing_reopen_and_the_wait_restarts() -> None:
     assert state_of(breaker) is State.OPEN
     with pytest.raises(CircuitOpen) as info:
         breaker.acquire_permission()
-    assert info.value.retry_after_s == pytest.approx(30.0)
+    assert info.value.retry_after == pytest.approx(30.0)
     m = breaker.metrics  # OPEN shows the probes that reopened it
     assert (m.calls, m.failures, m.failure_rate, m.state) == (2, 2, 100.0, State.OPEN)
     clock.advance(30.0)
@@ -364,13 +364,13 @@ def test_probes_failing_reopen_and_the_wait_restarts() -> None:
 
 
 def test_slow_probes_reopen() -> None:
-    breaker, _, _ = half_open(permitted_calls_in_half_open=2, slow_call_duration_s=1.0)
+    breaker, _, _ = half_open(permitted_calls_in_half_open=2, slow_call_duration=1.0)
     succeed(breaker, 2, duration=1.0)
     assert state_of(breaker) is State.OPEN
 
 
 def test_max_wait_in_half_open_reopens() -> None:
-    breaker, clock, events = half_open(permitted_calls_in_half_open=2, max_wait_in_half_open_s=5.0)
+    breaker, clock, events = half_open(permitted_calls_in_half_open=2, max_wait_in_half_open=5.0)
     breaker.acquire_permission()  # a probe that never completes
     clock.advance(4.9)
     assert state_of(breaker) is State.HALF_OPEN
@@ -379,7 +379,7 @@ def test_max_wait_in_half_open_reopens() -> None:
     assert transitions(events)[-1] == (State.HALF_OPEN, State.OPEN)
     with pytest.raises(CircuitOpen) as info:
         breaker.acquire_permission()
-    assert info.value.retry_after_s == pytest.approx(30.0)
+    assert info.value.retry_after == pytest.approx(30.0)
 
 
 def test_without_max_wait_half_open_waits_for_its_probes() -> None:
@@ -497,7 +497,7 @@ def domain_errors_are_not_failures(exc: BaseException) -> bool:
 
 async def test_async_call_records_success_error_and_classification() -> None:
     clock = FakeClock()
-    breaker, _, _ = make(clock, minimum_number_of_calls=100, slow_call_duration_s=1.0)
+    breaker, _, _ = make(clock, minimum_number_of_calls=100, slow_call_duration=1.0)
 
     async def ok() -> str:
         clock.advance(1.5)  # slow
@@ -554,7 +554,7 @@ async def test_cancelled_probe_gives_its_permit_back() -> None:
 
 def test_call_sync_records_success_error_and_classification() -> None:
     clock = FakeClock()
-    breaker, _, _ = make(clock, minimum_number_of_calls=100, slow_call_duration_s=1.0)
+    breaker, _, _ = make(clock, minimum_number_of_calls=100, slow_call_duration=1.0)
 
     def ok() -> int:
         clock.advance(2.0)
@@ -644,10 +644,10 @@ def test_count_window_matches_a_naive_model(
     config = BreakerConfig(
         failure_rate_threshold=failure_threshold,
         slow_call_rate_threshold=slow_threshold,
-        slow_call_duration_s=2.0,
+        slow_call_duration=2.0,
         sliding_window_size=window,
         minimum_number_of_calls=minimum,
-        wait_duration_in_open_s=1e9,  # never leaves OPEN within a test
+        wait_duration_in_open=1e9,  # never leaves OPEN within a test
     )
     breaker = CircuitBreaker(config, clock=clock)
     recorded: list[tuple[bool, bool]] = []  # (failed, slow) of every call recorded while CLOSED

@@ -18,25 +18,19 @@ from lockledger import (
     CircuitBreaker,
     CircuitOpen,
     Client,
+    Forbidden,
     LeaseExpired,
-    LeaseInfo,
     LockHeld,
-    LockInfo,
+    LockLedgerError,
     NotFound,
     NotHolder,
-    Released,
     State,
-    ValidationError,
-)
-from lockledger.errors import (
-    Forbidden,
-    IdempotencyKeyInProgress,
-    IdempotencyKeyReused,
-    LockLedgerError,
     Unauthorized,
     Unavailable,
-    error_from_response,
+    ValidationError,
 )
+from lockledger.client import LeaseInfo, LockInfo, Released
+from lockledger.errors import IdempotencyKeyReused, error_from_response
 from tests.conftest import ServerProcess, free_port
 
 pytestmark = pytest.mark.storage
@@ -107,20 +101,21 @@ async def test_every_method_round_trips_with_typed_results(server: ServerProcess
         assert await client.health() == {"status": "ok"}
         assert await client.ready() == {"status": "ready"}
 
-        lease = await client.acquire(resource, "agv-1", ttl_ms=5000)
+        lease = await client.acquire(resource, "agv-1", ttl=5.0)
         assert isinstance(lease, LeaseInfo)
-        assert (lease.resource, lease.owner, lease.ttl_ms) == (resource, "agv-1", 5000)
+        assert (lease.resource, lease.owner, lease.ttl) == (resource, "agv-1", 5.0)
         assert isinstance(lease.expires_at, datetime)
         assert lease.expires_at.tzinfo is not None
 
-        renewed = await client.renew(resource, "agv-1", lease.fencing_token, ttl_ms=8000)
+        renewed = await client.renew(resource, "agv-1", lease.fencing_token, ttl=8.5)
         assert renewed.fencing_token == lease.fencing_token
-        assert renewed.ttl_ms == 8000
+        assert renewed.ttl == 8.5
         assert renewed.expires_at > lease.expires_at
 
         info = await client.get_lock(resource)
         assert isinstance(info, LockInfo)
         assert (info.status, info.owner, info.fencing_token) == ("held", "agv-1", lease.fencing_token)
+        assert info.ttl == 8.5
         assert isinstance(info.updated_at, datetime)
 
         others = [f"{unique_prefix}p{i}" for i in range(3)]
@@ -155,7 +150,7 @@ async def test_every_method_round_trips_with_typed_results(server: ServerProcess
 async def test_problems_become_typed_exceptions(server: ServerProcess, unique_prefix: str) -> None:
     resource = f"{unique_prefix}zone"
     async with AsyncClient(server.base_url) as client:
-        lease = await client.acquire(resource, "agv-1", ttl_ms=1000)
+        lease = await client.acquire(resource, "agv-1", ttl=1)
         with pytest.raises(LockHeld) as held:
             await client.acquire(resource, "agv-2")
         assert held.value.holder == "agv-1"
@@ -173,10 +168,12 @@ async def test_problems_become_typed_exceptions(server: ServerProcess, unique_pr
         assert expired.value.status == 410
         assert expired.value.expired_at is not None
 
-        with pytest.raises(ValidationError):
-            await client.acquire(resource, "agv-1", ttl_ms=5)
-        with pytest.raises(ValidationError):
+        with pytest.raises(ValidationError) as too_short:
+            await client.acquire(resource, "agv-1", ttl=0.005)
+        assert too_short.value.status == 422  # the server's bounds, not the SDK's
+        with pytest.raises(ValidationError) as bad:
             await client.acquire("bad resource!", "agv-1")
+        assert bad.value.status == 0  # refused before any request
         with pytest.raises(NotFound):
             await client.get_lock(f"{unique_prefix}never")
 
@@ -187,7 +184,7 @@ def test_error_mapping_without_a_body() -> None:
         httpx.Response(503, text="<html>", headers={"Retry-After": "2"}, request=request)
     )
     assert isinstance(error, Unavailable)
-    assert error.retry_after_s == 2.0
+    assert error.retry_after == 2.0
     assert isinstance(error_from_response(httpx.Response(404, request=request)), NotFound)
 
 
@@ -195,7 +192,7 @@ def test_error_mapping_without_a_body() -> None:
     ("status", "code", "expected"),
     [
         (422, "idempotency_key_reused", IdempotencyKeyReused),
-        (409, "idempotency_key_in_progress", IdempotencyKeyInProgress),
+        (409, "conflict", LockLedgerError),
         (401, "unauthorized", Unauthorized),
         (403, "forbidden", Forbidden),
         (410, "lease_expired", LeaseExpired),
@@ -261,7 +258,7 @@ async def test_domain_errors_are_never_retried(server: ServerProcess, unique_pre
 
 async def test_breaker_opens_and_then_fails_fast_without_io() -> None:
     breaker = CircuitBreaker(
-        BreakerConfig(minimum_number_of_calls=3, sliding_window_size=5, wait_duration_in_open_s=60)
+        BreakerConfig(minimum_number_of_calls=3, sliding_window_size=5, wait_duration_in_open=60)
     )
     transport = Faulty()
     async with AsyncClient(
@@ -297,13 +294,13 @@ def test_sync_client_round_trip_and_errors(server: ServerProcess, unique_prefix:
     with Client(server.base_url, transport=transport) as client:
         assert client.health() == {"status": "ok"}  # its first response is dropped and retried
         assert client.ready() == {"status": "ready"}
-        lease = client.acquire(resource, "agv-1", ttl_ms=4000)
+        lease = client.acquire(resource, "agv-1", ttl=4)
         assert isinstance(lease.expires_at, datetime)
         with pytest.raises(LockHeld) as held:
             client.acquire(resource, "agv-2")
         assert held.value.holder == "agv-1"
         renewed = client.renew(resource, "agv-1", lease.fencing_token)
-        assert renewed.ttl_ms == 4000
+        assert renewed.ttl == 4.0
         assert client.get_lock(resource).owner == "agv-1"
         assert [i.resource for i in client.iter_locks(prefix=unique_prefix, limit=1)] == [resource]
         assert client.list_locks(prefix=unique_prefix).next_cursor is None
@@ -421,9 +418,9 @@ async def test_a_waiting_acquire_cut_by_a_restart_is_retried_and_granted(
     server = ServerProcess(database_url, free_port(), {})
     server.start()
     try:
-        async with AsyncClient(server.base_url, retry_timeout_s=1.0) as client:
-            held = await client.acquire(resource, "holder", ttl_ms=60_000)
-            waiting = asyncio.create_task(client.acquire(resource, "waiter", wait_ms=20_000))
+        async with AsyncClient(server.base_url, retry_timeout=1.0) as client:
+            held = await client.acquire(resource, "holder", ttl=60)
+            waiting = asyncio.create_task(client.acquire(resource, "waiter", wait=20))
             await asyncio.sleep(1.5)  # past the plain retry time
             assert not waiting.done()
             server.stop()  # SIGTERM: the waiting acquire is answered 503, and the client retries

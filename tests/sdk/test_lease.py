@@ -92,7 +92,7 @@ async def _release_after(client: AsyncClient, held: LeaseInfo, delay_s: float) -
 
 async def test_wait_acquires_when_the_holder_releases_in_time(server: ServerProcess, resource: str) -> None:
     async with AsyncClient(server.base_url) as client:
-        held = await client.acquire(resource, "other", ttl_ms=10_000)
+        held = await client.acquire(resource, "other", ttl=10)
         releaser = asyncio.create_task(_release_after(client, held, 0.5))
         started = time.monotonic()
         async with client.lock(resource, owner="me", ttl=5, wait=3) as lease:
@@ -108,7 +108,7 @@ async def test_a_lease_granted_late_in_its_wait_counts_its_deadline_from_a_renew
     """The local deadline counts from when the request left; after 1.5 s waiting on the server for a
     3 s lease, that would leave 1.2 s. The lease renews at once and counts from the renewal instead."""
     async with AsyncClient(server.base_url) as client:
-        held = await client.acquire(resource, "other", ttl_ms=10_000)
+        held = await client.acquire(resource, "other", ttl=10)
         started = time.monotonic()
         releaser = asyncio.create_task(_release_after(client, held, 1.5))
         async with client.lock(resource, owner="me", ttl=3, wait=5) as lease:
@@ -122,7 +122,7 @@ async def test_a_lease_granted_late_in_its_wait_counts_its_deadline_from_a_renew
 
 async def test_wait_gives_up_with_lock_held(server: ServerProcess, resource: str) -> None:
     async with AsyncClient(server.base_url) as client:
-        await client.acquire(resource, "other", ttl_ms=10_000)
+        await client.acquire(resource, "other", ttl=10)
         started = time.monotonic()
         with pytest.raises(LockHeld) as held:
             async with client.lock(resource, ttl=5, wait=0.6):
@@ -146,7 +146,7 @@ async def test_lost_fires_before_the_server_deadline_when_renewals_fail(
         calls.append(error)
 
     breaker = CircuitBreaker(BreakerConfig(minimum_number_of_calls=2, sliding_window_size=4))
-    client = AsyncClient(server.base_url, transport=transport, breaker=breaker, retry_timeout_s=1.0)
+    client = AsyncClient(server.base_url, transport=transport, breaker=breaker, retry_timeout=1.0)
     async with client, client.lock(resource, ttl=1.5, on_lost=on_lost) as lease:
         await asyncio.sleep(0.8)  # at least one renewal went through
         assert lease.renewals >= 1
@@ -176,7 +176,7 @@ async def test_lost_fires_at_once_when_a_renewal_is_refused(server: ServerProces
 def test_sync_lease_renews_releases_and_detects_loss(server: ServerProcess, resource: str) -> None:
     transport = SyncCuttable()
     lost = threading.Event()
-    with Client(server.base_url, transport=transport, retry_timeout_s=1.0) as client:
+    with Client(server.base_url, transport=transport, retry_timeout=1.0) as client:
         with client.lock(resource, ttl=1.2, on_lost=lambda _: lost.set()) as lease:
             time.sleep(1.5)
             lease.check()
@@ -201,7 +201,7 @@ def test_sync_lease_waits_on_the_server_across_its_maximum(server: ServerProcess
     """The test server waits at most 2 s per request; a 6 s ``wait`` asks again for what is left, and is
     granted when the holder releases 3 s in, with a deadline counted from after the grant."""
     with Client(server.base_url) as client:
-        held = client.acquire(resource, "other", ttl_ms=10_000)
+        held = client.acquire(resource, "other", ttl=10)
         releaser = threading.Timer(3.0, client.release, (resource, "other", held.fencing_token))
         releaser.start()
         started = time.monotonic()
@@ -221,7 +221,7 @@ async def test_a_server_that_does_not_wait_is_not_polled_in_a_spin(database_url:
     with running_server(database_url, {"LOCKLEDGER_MAX_WAIT_MS": "0"}) as server:
         transport = Counting()
         async with AsyncClient(server.base_url, transport=transport) as client:
-            await client.acquire(resource, "other", ttl_ms=10_000)
+            await client.acquire(resource, "other", ttl=10)
             transport.requests = 0
             started = time.monotonic()
             with pytest.raises(LockHeld):
@@ -261,7 +261,7 @@ async def test_a_cut_network_surfaces_as_unavailable_in_heartbeats_and_release(
     a release on exit, while the lease is not yet lost, raises it to the caller."""
     caplog.set_level(logging.INFO, logger="lockledger.lease")
     transport = Cuttable()
-    client = AsyncClient(server.base_url, transport=transport, retry_attempts=2, retry_timeout_s=0.5)
+    client = AsyncClient(server.base_url, transport=transport, retry_attempts=2, retry_timeout=0.5)
     client.breaker.disable()  # the transport's own errors, not the breaker's fast refusals
     async with client:
         lease = await client.lock(resource, ttl=6).__aenter__()
@@ -283,7 +283,7 @@ def test_a_cut_network_surfaces_as_unavailable_in_sync_heartbeats_and_release(
 ) -> None:
     caplog.set_level(logging.INFO, logger="lockledger.lease")
     transport = SyncCuttable()
-    with Client(server.base_url, transport=transport, retry_attempts=2, retry_timeout_s=0.5) as client:
+    with Client(server.base_url, transport=transport, retry_attempts=2, retry_timeout=0.5) as client:
         client.breaker.disable()
         lease = client.lock(resource, ttl=6).__enter__()
         transport.cut = True

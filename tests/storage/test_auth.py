@@ -285,7 +285,7 @@ async def test_the_sdk_raises_typed_auth_errors_without_retrying(
     alice = await issue_token(name(unique_prefix, "alice"), Role.AGENT)
     mallory = await issue_token(name(unique_prefix, "mallory"), Role.AGENT)
     async with AsyncClient(auth_server.base_url, token=alice) as client:
-        lease = await client.acquire(resource, ttl_ms=10_000)
+        lease = await client.acquire(resource, ttl=10)
     async with AsyncClient(auth_server.base_url, token=mallory) as client:
         with pytest.raises(Forbidden) as forbidden:
             await client.release(resource, None, lease.fencing_token)
@@ -313,7 +313,7 @@ async def test_a_dev_mode_server_needs_no_token_but_an_owner(http: httpx.AsyncCl
 
 def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "lockledger", "tokens", *args, "--database-url", database_url],
+        [sys.executable, "-m", "api.cli", "tokens", *args, "--database-url", database_url],
         capture_output=True,
         text=True,
         timeout=60,

@@ -92,13 +92,13 @@ async def test_sdk_breaker_opens_and_a_stalled_lease_knows_it_is_lost(
         BreakerConfig(
             minimum_number_of_calls=3,
             sliding_window_size=10,
-            wait_duration_in_open_s=1.0,
+            wait_duration_in_open=1.0,
             permitted_calls_in_half_open=2,
         )
     )
     try:
         async with AsyncClient(server.base_url, retry_attempts=1, breaker=breaker) as client:
-            kept = await client.acquire(f"{unique_prefix}kept", "bot1", ttl_ms=60_000)
+            kept = await client.acquire(f"{unique_prefix}kept", "bot1", ttl=60)
             lost_at: list[datetime] = []
             stalled = client.lock(
                 f"{unique_prefix}stalled", ttl=2.0, on_lost=lambda _: lost_at.append(datetime.now(UTC))

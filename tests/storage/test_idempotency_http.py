@@ -192,10 +192,7 @@ async def _retry_until_decided(
         response = await http.post(
             path, content=body, headers={"Idempotency-Key": key, "Content-Type": "application/json"}
         )
-        retry_later = response.status_code == 503 or (
-            response.status_code == 409 and response.json().get("code") == "idempotency_key_in_progress"
-        )
-        if not retry_later or time.monotonic() > deadline:
+        if response.status_code != 503 or time.monotonic() > deadline:
             return response
         await asyncio.sleep(0.05)
 
