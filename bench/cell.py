@@ -10,7 +10,7 @@ from typing import Any
 
 from bench.recorder import Recorder
 from bench.safety import check_grants
-from bench.sampler import MACHINE, Sampler, usage
+from bench.sampler import MACHINE, Sampler, others_pct, usage
 from bench.server_metrics import Samples, inside, scrape
 from bench.stats import summarize_ms
 from bench.targets.base import Target
@@ -121,7 +121,7 @@ async def run_cell(
         "redis_cpu_pct": used.cpu_pct.get("redis") if spec.target == "redis" else None,
         "loadgen_cpu_pct": loadgen_cpu,
         "machine_cpu_pct": used.cpu_pct.get(MACHINE),
-        "other_cpu_pct": _others(used.cpu_pct),
+        "other_cpu_pct": others_pct(used.cpu_pct),
         "loadgen_cpu_ms_per_request": _cpu_per_request(loadgen_cpu, window, recorder.requests, 1e3, 4),
         "server_cpu_us_per_request": _cpu_per_request(cell_server_cpu, window, recorder.requests, 1e6, 1),
         "saturated": saturated(used.cpu_pct, spec.server_workers),
@@ -155,15 +155,6 @@ def _cpu_per_request(
     if cpu_pct is None or not requests:
         return None
     return round(cpu_pct / 100 * window_s * unit / requests, digits)
-
-
-def _others(cpu: dict[str, float | None]) -> float | None:
-    """CPU taken during the window by processes that are none of the sampled groups (in % of one core)."""
-    machine = cpu.get(MACHINE)
-    if machine is None:
-        return None
-    ours = sum(v for k, v in cpu.items() if k != MACHINE and v is not None)
-    return round(max(machine - ours, 0.0), 1)
 
 
 SATURATED_PCT = 85.0  # of one core, for a single-threaded Python process; of all cores for the machine

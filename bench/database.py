@@ -19,8 +19,8 @@ from typing import Any
 import asyncpg
 import psutil
 
-from lockledger.dburl import asyncpg_dsn
-from lockledger.migrate import upgrade
+from eventstore.dburl import asyncpg_dsn
+from migrations.upgrade import upgrade
 
 
 @dataclass
@@ -74,6 +74,11 @@ def replace_database(url: str, database: str) -> str:
     head, sep, query = url.partition("?")
     scheme_host, _, _ = head.rpartition("/")
     return f"{scheme_host}/{database}{sep}{query}"
+
+
+async def connect(url: str, **options: Any) -> asyncpg.Connection:
+    """A connection as the URL's role; ``options`` go to ``asyncpg.connect``."""
+    return await asyncpg.connect(asyncpg_dsn(url), **options)
 
 
 async def execute(url: str, *statements: str) -> None:
@@ -137,7 +142,8 @@ async def server_settings(conn: asyncpg.Connection) -> dict[str, str]:
     return {"postgresql": values.pop("server_version"), **values}
 
 
-async def _inspect(url: str) -> tuple[int | None, dict[str, Any]]:
+async def inspect_server(url: str) -> tuple[int | None, dict[str, Any]]:
+    """The postmaster's pid (None when PostgreSQL runs elsewhere) and ``server_settings``."""
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
         backend = await conn.fetchval("SELECT pg_backend_pid()")
@@ -162,14 +168,14 @@ def provision(database_url: str | None) -> BenchDatabase:
             asyncio.run(execute(database_url, f'CREATE DATABASE "{name}"'))
             url = replace_database(database_url, name)
         else:
-            from lockledger import embedded as embedded_pg
+            from eventstore import embedded as embedded_pg
 
             scratch = Path(tempfile.mkdtemp(prefix="lockledger-bench-"))
             embedded = embedded_pg.start(scratch / "pgdata", delete_on_stop=True)
             url = embedded.ensure_database(name)
         upgrade(url)
         wal = asyncio.run(prepare_wal(url)) if embedded is not None else None
-        pid, info = asyncio.run(_inspect(url))
+        pid, info = asyncio.run(inspect_server(url))
     except BaseException:
         # Whatever was made before the failure goes: the database, the cluster, the directory.
         BenchDatabase("", None, {}, embedded, None if embedded else database_url, name, scratch).close()

@@ -175,18 +175,20 @@ class _AiohttpAgent:
 
 
 class AiohttpClient:
-    """One aiohttp session, a connector keeping up to one socket per agent alive."""
+    """One aiohttp session, a connector keeping up to one socket per agent alive (or ``max_connections``,
+    for many agents that take turns)."""
 
     kind = "aiohttp"
 
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float, max_connections: int | None = None) -> None:
         self._base = f"http://{host}:{port}"
         self._timeout_s = timeout_s
+        self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._agents: list[_AiohttpAgent] = []
 
     async def open(self, tokens: Sequence[str]) -> None:
-        connections = len(tokens)
+        connections = self._max_connections or len(tokens)
         connector = aiohttp.TCPConnector(
             limit=connections, limit_per_host=connections, keepalive_timeout=60, ttl_dns_cache=None
         )

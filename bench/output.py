@@ -10,8 +10,9 @@ from typing import Any
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def default_path() -> Path:
-    return RESULTS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+def default_path(prefix: str = "", directory: Path = RESULTS_DIR) -> Path:
+    """``<directory>/<prefix><local time>.jsonl``."""
+    return directory / f"{prefix}{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
 
 
 class JsonLines:

@@ -148,8 +148,12 @@ def ratios_table(ratios: list[dict[str, Any]]) -> Table:
     return table
 
 
-def goals_table(checks: list[dict[str, Any]]) -> Table:
-    table = Table(title="Performance goals (W = 64, R = 100,000 unless named)", title_justify="left")
+GOALS_TITLE = "Performance goals (W = 64, R = 100,000 unless named)"
+
+
+def goals_table(checks: list[dict[str, Any]], title: str = GOALS_TITLE) -> Table:
+    """One row per check: what, its value, its goal, and whether it was met (``ok`` None: no goal)."""
+    table = Table(title=title, title_justify="left")
     for name in ("check", "value", "goal", "met"):
         table.add_column(name)
     for check in checks:

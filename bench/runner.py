@@ -41,7 +41,8 @@ Cell = dict[str, Any]
 OTHERS_NOTE_PCT = 15.0
 
 
-def _run_async(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+def run_async(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run ``main()`` to its end on uvloop when it is installed, else on asyncio's own loop."""
     try:
         import uvloop
     except ImportError:
@@ -376,7 +377,7 @@ def run(config: BenchConfig, console: Console | None = None) -> tuple[Path, list
         async def main() -> dict[str, Any]:
             return await bench.run()
 
-        summary = _run_async(main)
+        summary = run_async(main)
         bench.out.write(summary)
         return bench.out.path, bench.cells, summary
     finally:

@@ -2,15 +2,17 @@
 
 Groups: the lockledger server (its process and every worker under it), PostgreSQL (the postmaster and its
 backends), Redis, the load generator itself (this process, less the sampler thread's own CPU), and the
-whole machine (busy CPU of all cores), so that what other processes took during a cell is known. CPU is
-accounted per process id: a process's CPU counts from the first sample that saw it (from zero if it was
-born after the sampler started), so backends that come and go are counted and none twice.
+whole machine (busy CPU of all cores, memory in use), so that what other processes took during a cell is
+known. CPU is accounted per process id: a process's CPU counts from the first sample that saw it (from
+zero if it was born after the sampler started), so backends that come and go are counted and none twice.
+Besides its own samples, ``snapshot()`` takes one at a given moment, to mark where a phase begins or ends.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import psutil
@@ -30,6 +32,8 @@ class Sample:
     at: float  # time.perf_counter()
     cpu_s: dict[str, float]  # group -> CPU seconds since the sampler started
     rss: dict[str, int]  # group -> resident bytes, summed over the group's processes
+    rss_max: dict[str, int] = field(default_factory=dict)  # group -> resident bytes of its largest process
+    process_cpu_s: dict[str, dict[int, float]] = field(default_factory=dict)  # group -> pid -> CPU s
 
 
 def process_tree(root_pid: int) -> list[psutil.Process]:
@@ -53,6 +57,7 @@ class Sampler:
         self._groups = {name: _Group(pid) for name, pid in groups.items()}
         self._interval_s = interval_s
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # one sample at a time: the thread's, or a ``snapshot()``
         self._thread: threading.Thread | None = None
         self._self = psutil.Process()
         self._started_at = 0.0  # wall clock, to tell processes born after the start
@@ -76,25 +81,36 @@ class Sampler:
         start_thread_cpu = time.thread_time()
         while True:
             self._own_thread_cpu = time.thread_time() - start_thread_cpu
-            self.samples.append(self._sample())
+            self.snapshot()
             if self._stop.wait(self._interval_s):
                 self._own_thread_cpu = time.thread_time() - start_thread_cpu
-                self.samples.append(self._sample())
+                self.snapshot()
                 return
+
+    def snapshot(self) -> Sample:
+        """Take a sample now (from any thread), keep it with the others and return it."""
+        with self._lock:
+            sample = self._sample()
+            self.samples.append(sample)
+        return sample
 
     def _sample(self) -> Sample:
         at = time.perf_counter()
         cpu: dict[str, float] = {}
         rss: dict[str, int] = {}
+        rss_max: dict[str, int] = {}
+        per_process: dict[str, dict[int, float]] = {}
         for name, group in self._groups.items():
             processes = [self._self] if group.root_pid is None else process_tree(group.root_pid)
-            total_rss = 0
+            total_rss = largest_rss = 0
             for process in processes:
                 try:
                     with process.oneshot():
                         times = process.cpu_times()
                         used = times.user + times.system
-                        total_rss += process.memory_info().rss
+                        process_rss = process.memory_info().rss
+                        total_rss += process_rss
+                        largest_rss = max(largest_rss, process_rss)
                         if process.pid not in group.baselines:
                             born_after = process.create_time() >= self._started_at
                             group.baselines[process.pid] = 0.0 if born_after and self.samples else used
@@ -106,9 +122,14 @@ class Sampler:
                 spent -= self._own_thread_cpu
             cpu[name] = spent
             rss[name] = total_rss
+            rss_max[name] = largest_rss
+            per_process[name] = {
+                pid: group.last[pid] - base for pid, base in group.baselines.items() if pid in group.last
+            }
         cpu[MACHINE] = _machine_busy_s() - self._machine_start
-        rss[MACHINE] = 0
-        return Sample(at, cpu, rss)
+        rss[MACHINE] = rss_max[MACHINE] = psutil.virtual_memory().used
+        per_process[MACHINE] = {}
+        return Sample(at, cpu, rss, rss_max, per_process)
 
 
 @dataclass(frozen=True)
@@ -136,3 +157,13 @@ def usage(samples: list[Sample], start: float, end: float) -> Usage:
         name: round(max(s.rss[name] for s in samples) / 2**20, 1) for name in names
     }
     return Usage(cpu, peak, elapsed)
+
+
+def others_pct(cpu: Mapping[str, float | None]) -> float | None:
+    """CPU taken by processes that are none of the sampled groups (in % of one core): the machine's less
+    every group's."""
+    machine = cpu.get(MACHINE)
+    if machine is None:
+        return None
+    ours = sum(v for k, v in cpu.items() if k != MACHINE and v is not None)
+    return round(max(machine - ours, 0.0), 1)

@@ -7,9 +7,11 @@ The full sizes (10,000 agents, 100,000 leases) are `python -m bench.fleet`; this
 from __future__ import annotations
 
 import sys
+from io import StringIO
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 # pytest puts tests/ on sys.path for the conftest, where `bench` would be the namespace package tests/bench;
 # with the repository root first, `bench` is the project's benchmark package.
@@ -19,11 +21,25 @@ if _ROOT not in sys.path:
 
 from bench.database import RECORDED_SETTINGS  # noqa: E402
 from bench.environment import environment as machine_environment  # noqa: E402
-from bench.fleet import FleetOptions, HeartbeatParams, LapseParams, run_fleet  # noqa: E402
+from bench.fleet import FleetOptions, HeartbeatParams, LapseParams, parse_args, run_fleet  # noqa: E402
+from bench.fleet_report import print_report  # noqa: E402
 
-pytestmark = [pytest.mark.storage, pytest.mark.slow]
+
+def test_fleet_options() -> None:
+    options, database_url = parse_args(["--quick", "--scenario", "lapse", "--concurrency", "32"])
+    assert database_url is None
+    assert options.scenarios == ("lapse",)
+    assert (options.heartbeats.agents, options.heartbeats.duration_s, options.lapse.leases) == (
+        500,
+        15.0,
+        5_000,
+    )
+    assert options.heartbeats.concurrency == options.lapse.concurrency == 32
+    assert parse_args([])[0].scenarios == ("heartbeats", "lapse")
 
 
+@pytest.mark.storage
+@pytest.mark.slow
 async def test_fleet_small(database_url: str) -> None:
     options = FleetOptions(
         heartbeats=HeartbeatParams(agents=200, duration_s=6, interval_s=2, ttl_ms=5_000, concurrency=64),
@@ -71,3 +87,8 @@ async def test_fleet_small(database_url: str) -> None:
     assert 0 <= expiry["min_s"] <= expiry["max_s"] < 10
     assert lapse["probe"]["during_lapse"]["commands"] > 0
     assert lapse["probe"]["during_lapse"]["errors"] == 0
+
+    report = StringIO()
+    print_report(list(records.values()), Console(file=report, width=200))
+    assert "renews/s achieved" in report.getvalue()
+    assert "lateness p50 / p95 / p99 / max" in report.getvalue()
