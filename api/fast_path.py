@@ -5,8 +5,8 @@ server to ``CommandRoute``'s handler FastAPI passes each through five more layer
 does not use: Starlette's exception middleware, FastAPI's exit-stack middleware, the router trying the
 included routers in turn, the route's own two exit stacks (with the middleware's, three
 ``AsyncExitStack`` per request, for dependencies with ``yield`` and uploaded files) and the exception
-wrapper around them. Together they were half of the no-op twin's server CPU per request (102-113 µs
-against 53-55 µs without them, under load; docs/performance.md). ``CommandFastPath`` sits innermost of the
+wrapper around them. Measured: half of the no-op twin's server CPU per request
+(docs/decisions/0005-command-fast-path.md). ``CommandFastPath`` sits innermost of the
 app's own middleware, so the request limits, the error middleware and FastAPI's outer layers still see
 every request, matches a POST against the command routes' own path patterns, and calls their handler,
 turning an exception into the response the app's exception handlers give (what Starlette's exception
@@ -17,6 +17,9 @@ except the documentation's pages and assets (under /docs, /redoc and /openapi.js
 ``tests/api/test_fast_path.py`` holds the fast path to the router's choice. With OpenTelemetry on, the
 app serves commands through the router (``api/app.py``) so that every span FastAPI's instrumentation
 opens is still there.
+
+Verified with FastAPI 0.165 and Starlette 1.10 (pinned in pyproject.toml); ``tests/api/test_fast_path.py``
+fails when an upgrade changes what this relies on.
 """
 
 from __future__ import annotations

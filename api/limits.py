@@ -4,7 +4,7 @@ A hostile or broken client must not make the server buffer megabytes of body or 
 with a problem+json answer (413 ``payload_too_large``, 431 ``headers_too_large``) like every other error.
 
 This is a pure ASGI middleware, not ``BaseHTTPMiddleware`` (which runs every request through an extra task
-and memory stream, a cost on the hot path; docs/performance.md), and not Starlette's
+and memory stream, a cost on the hot path), and not Starlette's
 ``RequestBodyLimitMiddleware`` (it answers text/plain, builds a responder object per request and does not
 look at headers). The common case costs one pass over the header list: a request that declares its
 ``Content-Length`` needs no counting, since the HTTP server never delivers more body than declared.

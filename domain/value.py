@@ -1,9 +1,9 @@
 """Value objects: immutable where immutability is checked, and cheap to build where they are built.
 
 Every command builds a dozen small records (the command, its context, the events, the states they fold
-into, the append plan, the result). As ``@dataclass(frozen=True)`` each field of each of them was set
-through ``object.__setattr__``, since a frozen class refuses plain assignment: about 9 % of a command
-request's instructions in the server (callgrind, docs/performance.md). ``@value`` classes are the same
+into, the append plan, the result). A ``@dataclass(frozen=True)`` sets each field through
+``object.__setattr__``, a measurable share of a command's work (docs/decisions/0016-value-records.md).
+``@value`` classes are the same
 dataclasses (slots, equality, a hash over the fields) built with plain assignments, and they stay frozen
 for the type checker: ``dataclass_transform(frozen_default=True)`` makes mypy, which CI runs in strict
 mode, reject any assignment to a field after construction (``tests/domain/test_value_objects.py``

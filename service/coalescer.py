@@ -11,9 +11,8 @@ out is *late*: out longer than ``late_factor`` times the usual round trip (a mov
 than ``min_late_s``; ``late_factor=None`` lets every batch go out at once, up to the cap). So a batch
 stuck behind a row lock or a slow statement does not hold up everything behind it, and at moderate load
 commands are not sent one per round trip into spare lanes, each round trip costing the server and
-PostgreSQL a wake-up (at 500 attempts/s on the bench machine: 2.1-2.3 commands per commit with every
-lane open at once, 2.9-4.0 this way, 9 % less of the server's CPU per request and 10 points less of
-PostgreSQL's; docs/performance.md). Until a round trip has been timed, any batch out 1 ms is late.
+PostgreSQL a wake-up (docs/decisions/0011-one-commit-batch-at-a-time.md).
+Until a round trip has been timed, any batch out 1 ms is late.
 
 Requests that must not share a batch (two commits on one resource, or under one Idempotency-Key) say
 so through ``keys``; the later one waits for the next batch. If a batch fails as a whole, each of its

@@ -33,8 +33,8 @@ async def _reset(conn: Connection) -> None:
 # runs is keyed (by resource, Idempotency-Key, token hash, deadline), and asyncpg caches each one's plan
 # per connection. A plan made while a table held a page or two (just created, or analyzed when nearly
 # empty) chose a sequential scan, which was cheapest then, and kept it while the table grew: every
-# commit batch then read the whole of lock_state (docs/performance.md). A scan is still used where no
-# index applies; it is only never preferred to one.
+# commit batch then read the whole of lock_state (docs/decisions/0008-per-key-statements.md). A scan is
+# still used where no index applies; it is only never preferred to one.
 COMMAND_PATH_SETTINGS = {"enable_seqscan": "off"}
 
 
@@ -84,8 +84,8 @@ async def connection(
     Neither end of the loan makes the caller wait for the event loop. asyncpg bounds
     ``acquire(timeout=...)`` with ``asyncio.wait_for``, which on Python 3.11 runs the wait in a task of
     its own, and ``release`` runs in another (``asyncio.shield``). Each such task is a trip to the back
-    of the loop's ready queue, and under load that queue holds a burst of other requests: about 0.5 ms
-    per commit batch at 64 agents (docs/performance.md). So the wait is bounded by ``asyncio.timeout``
+    of the loop's ready queue, and under load that queue holds a burst of other requests
+    (docs/decisions/0015-fewer-event-loop-passes.md). So the wait is bounded by ``asyncio.timeout``
     instead, which needs no task, and the release goes on in the background: the caller already has its
     answer, and the connection is back in the pool one pass of the loop later. Only after a failure is
     the release waited for: a statement cut off by its timeout leaves the connection waiting for
