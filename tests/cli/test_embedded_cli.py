@@ -228,3 +228,31 @@ def test_make_cleans_script_stops_a_server_left_behind_but_not_one_in_use(
     finally:
         if serve.poll() is None:
             serve.kill()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_stopping_serve_stops_its_embedded_postgres(
+    data_dir: Path, tmp_path: Path, stop: signal.Signals
+) -> None:
+    """Stopped the way an operator or a supervisor does, `serve` stops the PostgreSQL it started (uvicorn
+    re-raises SIGTERM after its graceful shutdown; dying of it would skip the handle's release), and the
+    lease taken before the stop is there when it serves again."""
+    process, port = _serve(data_dir, tmp_path / "serve.log")
+    try:
+        assert _postgres_on(data_dir), "the embedded PostgreSQL should run while serving"
+        acquired = httpx.post(f"http://127.0.0.1:{port}/v1/locks/zone:A3/acquire", json={"owner": "agv-17"})
+        assert acquired.status_code == 201
+        process.send_signal(stop)
+        process.wait(timeout=30)
+        assert _gone(data_dir)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+    again, port = _serve(data_dir, tmp_path / "again.log")
+    try:
+        state = httpx.get(f"http://127.0.0.1:{port}/v1/locks/zone:A3").json()
+        assert state["owner"] == "agv-17"
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.wait(timeout=30)
