@@ -22,6 +22,7 @@ from service.database import create_pool
 from service.database_guard import DatabaseGuard
 from service.lock_service import LockService
 from service.reaper import Reaper
+from service.store_adapters import Adapters
 
 log = structlog.get_logger("lockledger.api")
 
@@ -63,14 +64,18 @@ def create_app(
             url=settings.read_database_url,
             max_size=settings.read_pool_max_size,
         )
-        app.state.lock_service = LockService(
+        app.state.lock_service = LockService.on_pool(
             pool,
             settings.ttl_bounds,
+            adapters=Adapters(
+                order_in_flight=settings.order_in_flight,
+                state_cache_size=settings.state_cache_size,
+                coalesce=settings.coalesce,
+                database_guard=settings.database_guard,
+            ),
+            guard=DatabaseGuard(stall_s=settings.command_timeout_s),
             conflict_retries=settings.conflict_retries,
             acquire_timeout_s=settings.pool_acquire_timeout_s,
-            coalesce=settings.coalesce,
-            state_cache_size=settings.state_cache_size,
-            guard=DatabaseGuard(stall_s=settings.command_timeout_s),
             max_wait_ms=settings.max_wait_ms,
             wait_poll_s=settings.wait_poll_ms / 1000,
         )

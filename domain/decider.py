@@ -1,13 +1,13 @@
 """The lock decider: ``decide(state, command, now) -> events`` and ``evolve(state, event) -> state``.
 
-Pure functions over plain data. ``now`` is the database clock read where the decision is serialized;
-the store re-stamps the deadline of granting events with the clock of the appending statement, so
-``expires_at`` here is the decision's estimate and the stored event is the truth.
+Pure functions over plain data. ``now`` is the clock the decision is checked against (a lease live or
+lapsed). A grant is decided with its TTL and no deadline: the append stamps it from the clock read where
+the decision is serialized (``domain.events.stamp``), and re-checks a renewed or released lease there.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
 from domain.errors import InvalidCommand, LeaseExpired, LockHeld, NotHolder, NotOwner
@@ -41,9 +41,7 @@ def decide(
     if isinstance(command, Renew):
         _check_holder(state, command.owner, command.fencing_token, now)
         ttl_ms = command.ttl_ms if command.ttl_ms is not None else (state.ttl_ms or bounds.default_ms)
-        return [
-            LockRenewed(state.resource, command.owner, state.fencing_token, ttl_ms, _deadline(now, ttl_ms))
-        ]
+        return [LockRenewed(state.resource, command.owner, state.fencing_token, ttl_ms, None)]
     if isinstance(command, Release):
         _check_holder(state, command.owner, command.fencing_token, now)
         assert state.expires_at is not None
@@ -109,9 +107,7 @@ def _acquire(state: LockState, command: Acquire, now: datetime) -> list[Event]:
     # The token is the stream version of the LOCK_ACQUIRED event: strictly increasing per resource,
     # and assigned by the same expected-version check that serializes the decision.
     token = state.version + len(events) + 1
-    events.append(
-        LockAcquired(state.resource, command.owner, token, command.ttl_ms, _deadline(now, command.ttl_ms))
-    )
+    events.append(LockAcquired(state.resource, command.owner, token, command.ttl_ms, None))
     return events
 
 
@@ -132,10 +128,6 @@ def _expiry(state: LockState) -> LockExpired:
     assert state.owner is not None
     assert state.expires_at is not None
     return LockExpired(state.resource, state.owner, state.fencing_token, state.expires_at)
-
-
-def _deadline(now: datetime, ttl_ms: int) -> datetime:
-    return now + timedelta(milliseconds=ttl_ms)
 
 
 def _validate(state: LockState, command: Command, bounds: TtlBounds) -> None:

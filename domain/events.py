@@ -1,12 +1,15 @@
 """Events: the immutable facts of a lock's life.
 
 Every event carries the owner, the fencing token and the lease deadline it knew, so the last event of a
-stream determines the lock's state without reading older ones (projections and replay rely on it).
+stream determines the lock's state without reading older ones (projections and replay rely on it). A
+grant (``LOCK_ACQUIRED``, ``LOCK_RENEWED``) is decided with its TTL and no deadline: the append stamps
+``expires_at`` from the clock read where the decision is serialized (:func:`stamp`, or the command
+statement in PostgreSQL), so the deadline is computed once, by the store. Stored grants always carry it.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from domain.value import value
@@ -24,7 +27,7 @@ class LockAcquired:
     owner: str
     fencing_token: int
     ttl_ms: int
-    expires_at: datetime
+    expires_at: datetime | None  # None until the append stamps it
     type: str = LOCK_ACQUIRED
 
 
@@ -34,7 +37,7 @@ class LockRenewed:
     owner: str
     fencing_token: int
     ttl_ms: int
-    expires_at: datetime
+    expires_at: datetime | None  # None until the append stamps it
     type: str = LOCK_RENEWED
 
 
@@ -71,17 +74,37 @@ Event = LockAcquired | LockRenewed | LockReleased | LockExpired | LockForceRelea
 # Events whose lease deadline is computed from the TTL at the instant of the append.
 GRANTING_EVENTS = frozenset({LOCK_ACQUIRED, LOCK_RENEWED})
 
+# The field of a payload that holds the lease deadline (stamped by the append for granting events).
+DEADLINE_FIELD = "expires_at"
+
+# Every payload's fields, per event type, and each field's type: what ``event_payload`` writes and
+# ``event_from_payload`` reads. The SQL that writes or reads payloads (``eventstore/payloads.py``: the
+# append's deadline stamp, the reaper's expiry, rebuild) is generated from these two tables.
+PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
+    LOCK_ACQUIRED: ("owner", "fencing_token", DEADLINE_FIELD, "ttl_ms"),
+    LOCK_RENEWED: ("owner", "fencing_token", DEADLINE_FIELD, "ttl_ms"),
+    LOCK_RELEASED: ("owner", "fencing_token", DEADLINE_FIELD),
+    LOCK_EXPIRED: ("owner", "fencing_token", DEADLINE_FIELD),
+    LOCK_FORCE_RELEASED: ("owner", "fencing_token", DEADLINE_FIELD, "reason"),
+}
+PAYLOAD_TYPES: dict[str, type] = {
+    "owner": str,
+    "fencing_token": int,
+    DEADLINE_FIELD: datetime,
+    "ttl_ms": int,
+    "reason": str,
+}
+
 # The payload fields that hold an instant (ISO 8601 text in the stored JSON).
-TIMESTAMP_FIELDS = frozenset({"expires_at"})
+TIMESTAMP_FIELDS = frozenset(field for field, kind in PAYLOAD_TYPES.items() if kind is datetime)
 
 
 def event_payload(event: Event) -> dict[str, Any]:
-    """The JSON body stored in the log (the stream id and type live in their own columns)."""
-    payload: dict[str, Any] = {
-        "owner": event.owner,
-        "fencing_token": event.fencing_token,
-        "expires_at": event.expires_at.isoformat(),
-    }
+    """The JSON body stored in the log (the stream id and type live in their own columns); its keys are
+    ``PAYLOAD_FIELDS[event.type]``, less the deadline of a grant the append has still to stamp."""
+    payload: dict[str, Any] = {"owner": event.owner, "fencing_token": event.fencing_token}
+    if event.expires_at is not None:  # a grant not yet appended has none: the append stamps it
+        payload[DEADLINE_FIELD] = event.expires_at.isoformat()
     if isinstance(event, LockAcquired | LockRenewed):
         payload["ttl_ms"] = event.ttl_ms
     if isinstance(event, LockForceReleased):
@@ -89,9 +112,30 @@ def event_payload(event: Event) -> dict[str, Any]:
     return payload
 
 
+def stamp(events: list[Event], at: datetime) -> list[Event]:
+    """``events`` as appended at instant ``at``: a grant's lease deadline is ``at`` plus its TTL.
+
+    The one definition of a deadline. A store applies it with the clock read where it serializes the
+    decision (the PostgreSQL statement writes the same sum, ``service/lock_store.py``).
+    """
+    return [
+        type(event)(
+            event.resource, event.owner, event.fencing_token, event.ttl_ms, deadline(at, event.ttl_ms)
+        )
+        if isinstance(event, LockAcquired | LockRenewed)
+        else event
+        for event in events
+    ]
+
+
+def deadline(at: datetime, ttl_ms: int) -> datetime:
+    """The end of a lease of ``ttl_ms`` granted at ``at``."""
+    return at + timedelta(milliseconds=ttl_ms)
+
+
 def event_from_payload(resource: str, event_type: str, data: dict[str, Any]) -> Event:
     """Inverse of :func:`event_payload`, used by rebuild, history and replay."""
-    expires_at = datetime.fromisoformat(data["expires_at"])
+    expires_at = datetime.fromisoformat(data[DEADLINE_FIELD])
     owner = str(data["owner"])
     token = int(data["fencing_token"])
     if event_type == LOCK_ACQUIRED:

@@ -10,6 +10,13 @@ from domain.value import value
 Status = Literal["held", "free"]
 
 
+def is_expired(expires_at: datetime, now: datetime) -> bool:
+    """The expiry rule: a lease is over once the clock reaches its deadline (the deadline itself is
+    already too late). The SQL that applies it (the reaper, waiters, the append's liveness check) uses
+    ``projections/lock_state.py``'s translation of this one comparison."""
+    return now >= expires_at
+
+
 @value
 class LockState:
     """What a decision needs to know about a lock.
@@ -30,13 +37,13 @@ class LockState:
     ended_by: str | None = None
 
     def is_live(self, now: datetime) -> bool:
-        return self.status == "held" and self.expires_at is not None and now < self.expires_at
+        return self.status == "held" and self.expires_at is not None and not is_expired(self.expires_at, now)
 
     def is_lapsed(self, now: datetime) -> bool:
-        return self.status == "held" and self.expires_at is not None and now >= self.expires_at
+        return self.status == "held" and self.expires_at is not None and is_expired(self.expires_at, now)
 
     def with_deadline(self, expires_at: datetime | None) -> LockState:
-        """This state with the lease deadline as the database stamped it."""
+        """This state with the lease deadline its append stamped (a grant is decided without one)."""
         if expires_at == self.expires_at:
             return self
         return LockState(

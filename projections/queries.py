@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy import and_, func, select
 
+from domain.state import is_expired
 from eventstore.connection import Connection
 from eventstore.schema import events
 from projections.schema import lock_state
@@ -49,7 +50,7 @@ class LockView:
 
 def _view(row: asyncpg.Record, now: datetime) -> LockView:
     status = row["status"]
-    if status == "held" and row["expires_at"] <= now:
+    if status == "held" and is_expired(row["expires_at"], now):
         status = "expired"
     return LockView(
         resource=row["resource"],

@@ -1,34 +1,40 @@
 """Rebuild lock_state from the log alone.
 
 The rebuilt table must equal the inline one row for row (tests/storage/test_rebuild.py proves it after
-a random workload). It runs set-wise in SQL under an EXCLUSIVE lock on lock_state, which every command
-and the reaper need (they lock a lock_state row first), so the log cannot move while it runs.
+a random workload). Each row is what ``domain.decider.evolve`` makes of the stream's last event (its
+payload read through ``eventstore/payloads.py``), with the lease length of the last grant. It runs
+set-wise in SQL under an EXCLUSIVE lock on lock_state, which every command and the reaper need (they
+lock a lock_state row first), so the log cannot move while it runs.
 """
 
 from __future__ import annotations
 
+from domain.events import DEADLINE_FIELD, LOCK_ACQUIRED
 from eventstore.connection import Connection
+from eventstore.payloads import is_granting_sql, payload_field_sql
 
-REBUILD_SQL = """
+_LAST_DATA = "last.data"
+
+REBUILD_SQL = f"""
 INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at, ended_by,
                         acquired_at, updated_at)
 SELECT last.stream_id,
        last.stream_version,
-       CASE WHEN last.event_type IN ('LOCK_ACQUIRED', 'LOCK_RENEWED') THEN 'held' ELSE 'free' END,
-       last.data ->> 'owner',
-       (last.data ->> 'fencing_token')::bigint,
+       CASE WHEN {is_granting_sql("last.event_type")} THEN 'held' ELSE 'free' END,
+       {payload_field_sql(_LAST_DATA, "owner")},
+       {payload_field_sql(_LAST_DATA, "fencing_token")},
        grant_.ttl_ms,
-       (last.data ->> 'expires_at')::timestamptz,
-       CASE WHEN last.event_type IN ('LOCK_ACQUIRED', 'LOCK_RENEWED') THEN NULL ELSE last.event_type END,
+       {payload_field_sql(_LAST_DATA, DEADLINE_FIELD)},
+       CASE WHEN {is_granting_sql("last.event_type")} THEN NULL ELSE last.event_type END,
        acquired.recorded_at,
        last.recorded_at
   FROM (SELECT DISTINCT ON (stream_id) stream_id, stream_version, event_type, data, recorded_at
           FROM events ORDER BY stream_id, stream_version DESC) AS last
-  LEFT JOIN (SELECT DISTINCT ON (stream_id) stream_id, (data ->> 'ttl_ms')::integer AS ttl_ms
-               FROM events WHERE event_type IN ('LOCK_ACQUIRED', 'LOCK_RENEWED')
+  LEFT JOIN (SELECT DISTINCT ON (stream_id) stream_id, {payload_field_sql("data", "ttl_ms")} AS ttl_ms
+               FROM events WHERE {is_granting_sql("event_type")}
               ORDER BY stream_id, stream_version DESC) AS grant_ USING (stream_id)
   LEFT JOIN (SELECT DISTINCT ON (stream_id) stream_id, recorded_at
-               FROM events WHERE event_type = 'LOCK_ACQUIRED'
+               FROM events WHERE event_type = '{LOCK_ACQUIRED}'
               ORDER BY stream_id, stream_version DESC) AS acquired USING (stream_id)
 """
 

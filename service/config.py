@@ -38,6 +38,15 @@ class Settings(BaseSettings):
     ttl_max_ms: int = 3_600_000
     ttl_default_ms: int = 30_000
     coalesce: bool = Field(default=True, description="Batch concurrent commands' reads and commits.")
+    order_in_flight: bool = Field(
+        default=True,
+        description="A command waits for this process's commits in flight on its lock before deciding.",
+    )
+    database_guard: bool = Field(
+        default=True,
+        description="Every round trip through the circuit breaker and stall watchdog (503 while the"
+        " database does not answer).",
+    )
     state_cache_size: int = Field(
         default=100_000,
         ge=0,

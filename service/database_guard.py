@@ -76,9 +76,14 @@ class DatabaseGuard:
             return 0.0
         return max(0.0, time.monotonic() - next(iter(self._in_flight.values())) - self._stall_s)
 
-    async def run(self, work: Callable[[], Awaitable[T]]) -> T:
+    def refuse_if_stalled(self) -> None:
+        """503 at once while a round trip has stalled (checked by ``run``, and by the command path before
+        a request queues for a round trip)."""
         if self.stalled_for() > 0:
             raise Unavailable(STALLED, 1)
+
+    async def run(self, work: Callable[[], Awaitable[T]]) -> T:
+        self.refuse_if_stalled()
         try:
             self.breaker.acquire_permission()
         except CircuitOpen as error:

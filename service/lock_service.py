@@ -1,86 +1,36 @@
-"""Command handlers: load, decide, append, and on a lost race load and decide again (bounded)."""
+"""The command use case: load the lock (or take it from memory), decide, commit, and on a lost race load
+and decide again (bounded).
+
+``LockService`` sees one ``LockStore`` (``service/store.py``); remembered states, coalesced round trips,
+in-flight ordering and the database guard are adapters around it (``service/store_adapters.py``), each
+switched on or off by settings.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
 from domain.decider import decide, fold
 from domain.errors import DomainError
 from domain.events import Event, LockForceReleased
 from domain.resource import TtlBounds
-from domain.state import LockState, initial_state
+from domain.state import LockState, Status
 from domain.value import value
-from service import lock_store
-from service.appends_in_flight import AppendsInFlight
-from service.coalescer import LATE_FACTOR, Coalescer
-from service.database import connection
-from service.database_guard import STALLED, DatabaseGuard, is_unreachable
+from service.database_guard import DatabaseGuard
 from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
-from service.lock_store import AppendPlan, Committed, Idempotency, Snapshot
-from service.state_cache import NewStreamGuess, StateCache
+from service.lock_store import AppendPlan, Idempotency
+from service.store import CommitConflict, LoadRequest, LockStore
+from service.store_adapters import Adapters, build_store
 from service.waiters import Waiters
 
-_LoadRequest = tuple[str, str, str | None]  # resource, principal, Idempotency-Key
-
-# Whether remembering pays, per process, on /metrics: commands appended straight from memory, those whose
-# memory proved stale (and read after all), and every read before a decision.
-_FROM_MEMORY = Counter(
-    "lockledger_commands_from_memory_total",
-    "Commands decided on a remembered lock state: appended at once, or refused as stale and read again",
-    ["outcome"],
-)
-_APPENDED_FROM_MEMORY = _FROM_MEMORY.labels("appended")
-_STALE_MEMORY = _FROM_MEMORY.labels("stale")
 _READS = Counter("lockledger_command_reads_total", "Commands that read their lock's state before deciding")
-
-# Where a command's time goes, per process: how many commands share a database round trip, and how long
-# the round trip takes (pool wait and retries included), for reads and for appends.
-_BATCH_SIZE = Histogram(
-    "lockledger_db_batch_size",
-    "Commands answered by one database round trip",
-    ["kind"],
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-)
-_BATCH_SECONDS = Histogram(
-    "lockledger_db_batch_seconds",
-    "Time from a batch leaving for the database to its answer",
-    ["kind"],
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-)
-
-
-def _batch_observer(kind: str) -> Callable[[int, float], None]:
-    size = _BATCH_SIZE.labels(kind)
-    seconds = _BATCH_SECONDS.labels(kind)
-
-    def observe(commands: int, elapsed_s: float) -> None:
-        size.observe(commands)
-        seconds.observe(elapsed_s)
-
-    return observe
-
-
-def _plan_keys(plan: AppendPlan) -> tuple[tuple[str, ...], ...]:
-    """Two commits on one resource, or under one key, never share a batch."""
-    keys: tuple[tuple[str, ...], ...] = (("resource", plan.new_state.resource),)
-    if plan.idempotency.key is not None:
-        keys += (("key", plan.idempotency.principal, plan.idempotency.key),)
-    return keys
-
-
-def _about_the_batch(error: Exception) -> bool:
-    """Whether a failed batch's plans may succeed alone: yes for conflicts inside the batch (a key or
-    stream taken concurrently, a deadlock), no when the database cannot be reached or timed out (or the
-    guard already knows it cannot)."""
-    return not (is_unreachable(error) or isinstance(error, Unavailable))
 
 
 @value
@@ -104,91 +54,45 @@ class CommandResult:
 class LockService:
     def __init__(
         self,
+        store: LockStore,
+        bounds: TtlBounds,
+        waiters: Waiters,
+        guard: DatabaseGuard,
+        *,
+        conflict_retries: int = 16,
+        max_wait_ms: int = 30_000,
+    ) -> None:
+        self.store = store
+        self.guard = guard  # also the readiness probe's and the authenticator's
+        self._bounds = bounds
+        self._waiters = waiters
+        self._retries = conflict_retries
+        self._max_wait_ms = max_wait_ms
+        self.reads = 0  # commands that read their lock's state (the others decided on a remembered one)
+
+    @classmethod
+    def on_pool(
+        cls,
         pool: asyncpg.Pool,
         bounds: TtlBounds,
         *,
+        adapters: Adapters | None = None,
+        guard: DatabaseGuard | None = None,
         conflict_retries: int = 16,
         acquire_timeout_s: float = 5.0,
-        coalesce: bool = True,
-        state_cache_size: int = 100_000,
-        guard: DatabaseGuard | None = None,
         max_wait_ms: int = 30_000,
         wait_poll_s: float = 0.05,
-    ) -> None:
-        self._pool = pool
-        self._bounds = bounds
-        self._retries = conflict_retries
-        self._acquire_timeout_s = acquire_timeout_s
-        self.guard = guard or DatabaseGuard()
-        # A size of 0 turns off deciding on remembered states (every command reads first).
-        self._remembers = state_cache_size > 0
-        self._states = StateCache(state_cache_size)
-        self._new_streams = NewStreamGuess()
-        self._appending = AppendsInFlight()
-        self._max_wait_ms = max_wait_ms
-        self._waiters = Waiters(pool, poll_s=wait_poll_s, acquire_timeout_s=acquire_timeout_s)
-        # Batches of one, each sent at once, make a coalescer a plain pass-through (for measuring what
-        # coalescing gains).
-        batch = 256 if coalesce else 1
-        in_flight = 4 if coalesce else pool.get_max_size()
-        late_factor = LATE_FACTOR if coalesce else None
-        self._loads: Coalescer[_LoadRequest, Snapshot] = Coalescer(
-            self._load_one,
-            self._load_many,
-            max_in_flight=in_flight,
-            max_batch=batch,
-            late_factor=late_factor,
-            retry_alone=_about_the_batch,
-            on_batch=_batch_observer("load"),
-        )
-        self._commits: Coalescer[AppendPlan, Committed | None] = Coalescer(
-            self._commit_one,
-            self._commit_many,
-            max_in_flight=in_flight,
-            max_batch=batch,
-            late_factor=late_factor,
-            keys=_plan_keys,
-            retry_alone=_about_the_batch,
-            on_batch=_batch_observer("commit"),
-        )
+    ) -> LockService:
+        """The service on PostgreSQL, its store wrapped in ``adapters`` (all on unless said otherwise)."""
+        guard = guard or DatabaseGuard()
+        store = build_store(pool, guard, adapters or Adapters(), acquire_timeout_s)
+        waiters = Waiters(pool, poll_s=wait_poll_s, acquire_timeout_s=acquire_timeout_s)
+        return cls(store, bounds, waiters, guard, conflict_retries=conflict_retries, max_wait_ms=max_wait_ms)
 
     @property
     def default_ttl_ms(self) -> int:
         """The lease length of an acquire that names none."""
         return self._bounds.default_ms
-
-    @property
-    def reads(self) -> int:
-        """Commands that read their lock's state before deciding (the others decided on a remembered one)."""
-        return self._loads.requests
-
-    async def _load_one(self, request: _LoadRequest) -> Snapshot:
-        async def work() -> Snapshot:
-            async with connection(self._pool, self._acquire_timeout_s) as conn:
-                return await lock_store.load(conn, *request)
-
-        return await self.guard.run(work)
-
-    async def _load_many(self, requests: list[_LoadRequest]) -> list[Snapshot]:
-        async def work() -> list[Snapshot]:
-            async with connection(self._pool, self._acquire_timeout_s) as conn:
-                return await lock_store.load_many(conn, requests)
-
-        return await self.guard.run(work)
-
-    async def _commit_one(self, plan: AppendPlan) -> Committed | None:
-        async def work() -> Committed | None:
-            async with connection(self._pool, self._acquire_timeout_s) as conn:
-                return await lock_store.commit(conn, plan)
-
-        return await self.guard.run(work)
-
-    async def _commit_many(self, plans: list[AppendPlan]) -> list[Committed | None]:
-        async def work() -> list[Committed | None]:
-            async with connection(self._pool, self._acquire_timeout_s) as conn:
-                return await lock_store.commit_many(conn, plans)
-
-        return await self.guard.run(work)
 
     def drain(self) -> None:
         """The server is shutting down: every waiting acquire answers 503 now, and none waits from now on."""
@@ -217,106 +121,56 @@ class LockService:
         return await self._execute(command, ctx)
 
     async def _execute(self, command: Command, ctx: CommandContext) -> CommandResult:
-        self._refuse_while_stalled()
+        """Load, decide, commit; on a lost race, load and decide again (at most ``conflict_retries``)."""
         name, fields = _describe(command)
         idempotency = Idempotency(
             ctx.principal, ctx.idempotency_key, fingerprint(name, command.resource, fields)
         )
         metadata = _metadata(name, ctx)
-        if self._appending.busy(command.resource):
-            await self._appending.settled(command.resource)
-        result = await self._execute_unread(command, idempotency, metadata)
-        if result is not None:
-            return result
-        for attempt in range(self._retries + 1):
-            if attempt > 0:  # the first read follows the check above or an answer from the database
-                self._refuse_while_stalled()
-            _READS.inc()
-            snapshot = await self._loads.submit((command.resource, ctx.principal, ctx.idempotency_key))
-            self._states.put(snapshot.state)
+        request = LoadRequest(command.resource, ctx.principal, ctx.idempotency_key, _remembered_if(command))
+        reads = 0
+        while reads <= self._retries:
+            [snapshot] = await self.store.load([request])
+            request = request.read_first()  # a second try never trusts memory
+            if not snapshot.remembered:
+                reads += 1
+                self.reads += 1
+                _READS.inc()
             if snapshot.stored is not None:
                 stored = replay(snapshot.stored, idempotency.fingerprint)
                 return CommandResult(stored.status_code, stored.body, replayed=True)
-            events = decide(snapshot.state, command, snapshot.db_now, self._bounds)
-            plan = append_plan(command, snapshot.state, events, metadata, idempotency)
+            try:
+                events = decide(snapshot.state, command, snapshot.db_now, self._bounds)
+            except DomainError:
+                if snapshot.remembered:  # a refusal is never answered from memory: read, decide again
+                    continue
+                raise
+            plan = append_plan(command, snapshot.state, events, metadata, idempotency, snapshot.remembered)
             if plan is None:
+                if snapshot.remembered:
+                    continue
                 status_code, response = _response(command, events)
                 return CommandResult(status_code, json.dumps(response, separators=(",", ":")))
             try:
-                committed = await self._commit(plan)
-            except asyncpg.UniqueViolationError:
-                # A concurrent request with the same key (or a stream created under us) won: the next
-                # load sees its outcome.
-                continue
+                [committed] = await self.store.commit([plan])
+            except CommitConflict:
+                continue  # the next load sees the winner's outcome
             if committed is not None:
+                if plan.new_state.status == "free":
+                    self._waiters.freed(command.resource)
                 return CommandResult(plan.status_code, committed.response)
         raise Unavailable(f"{command.resource} is too contended to decide now; retry", retry_after_s=1)
 
-    async def _execute_unread(
-        self, command: Command, idempotency: Idempotency, metadata: dict[str, Any]
-    ) -> CommandResult | None:
-        """Decide on the remembered state and append at once (one round trip instead of two), or return
-        None when the state must be read first.
 
-        Only decisions that no clock but the database's can overturn are taken this way: an acquire of a
-        lock last seen free (or never seen, while that guess pays: ``NewStreamGuess``), and a renew or
-        release of a lease last seen held, which the append itself refuses once the lease has lapsed by
-        the database's clock. A refusal is never answered from memory: the read may find this very
-        request's stored outcome under its Idempotency-Key, or a newer state.
-        """
-        if not self._remembers:
-            return None
-        state = self._states.get(command.resource)
-        guessed_new = state is None
-        if state is None:
-            if not isinstance(command, Acquire) or not self._new_streams.should_guess():
-                return None
-            state = initial_state(command.resource)
-        elif not (
-            (isinstance(command, Acquire) and state.status == "free")
-            or (isinstance(command, Renew | Release) and state.status == "held")
-        ):
-            return None
-        try:
-            events = decide(state, command, datetime.now(UTC), self._bounds)
-        except DomainError:
-            return None
-        plan = append_plan(command, state, events, metadata, idempotency)
-        if plan is None:
-            return None
-        try:
-            committed = await self._commit(plan)
-        except asyncpg.UniqueViolationError:
-            committed = None  # the Idempotency-Key is taken: the read finds its outcome
-        if guessed_new:
-            self._new_streams.record(committed is not None)
-        if committed is None:
-            _STALE_MEMORY.inc()
-            self._states.forget(command.resource)
-            return None
-        _APPENDED_FROM_MEMORY.inc()
-        return CommandResult(plan.status_code, committed.response)
-
-    def _refuse_while_stalled(self) -> None:
-        """Checked before a command queues for the database, not only around each round trip: while the
-        database is stalled the coalescers' batches are stuck, and a new request would wait behind them
-        instead of reaching the guard."""
-        if self.guard.stalled_for() > 0:
-            raise Unavailable(STALLED, retry_after_s=1)
-
-    async def _commit(self, plan: AppendPlan) -> Committed | None:
-        """Append ``plan`` and remember the state it led to (with the deadline as the database stamped it)."""
-        resource = plan.new_state.resource
-        self._appending.begin(resource)
-        try:
-            committed = await self._commits.submit(plan)
-            if committed is not None:
-                self._states.put(plan.new_state.with_deadline(committed.expires_at))
-                if plan.new_state.status == "free":
-                    self._waiters.freed(resource)
-        finally:
-            self._appending.end(resource)
-        return committed
+def _remembered_if(command: Command) -> Status | None:
+    """Which remembered state a command may be decided on without reading: only decisions that no clock
+    but the store's can overturn. An acquire of a lock last seen free (or never seen); a renew or release
+    of a lease last seen held, which the commit refuses once the lease has lapsed by the store's clock."""
+    if isinstance(command, Acquire):
+        return "free"
+    if isinstance(command, Renew | Release):
+        return "held"
+    return None
 
 
 def append_plan(
@@ -325,6 +179,7 @@ def append_plan(
     events: list[Event],
     metadata: dict[str, Any],
     idempotency: Idempotency,
+    remembered: bool = False,
 ) -> AppendPlan | None:
     """The append that carries out a decision; None when the decision changes nothing."""
     if not events:
@@ -342,6 +197,7 @@ def append_plan(
         response=response,
         metadata=metadata,
         idempotency=idempotency,
+        remembered=remembered,
     )
 
 

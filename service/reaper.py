@@ -20,7 +20,10 @@ import asyncpg
 import structlog
 from prometheus_client import Counter, Histogram
 
+from domain.events import LOCK_EXPIRED
 from eventstore.connection import Connection
+from eventstore.payloads import build_payload_sql
+from projections.lock_state import lapsed_sql
 from service.config import Settings
 from service.database import connection
 from service.idempotency import purge_expired
@@ -35,11 +38,16 @@ EXPIRY_LATENESS = Histogram(
 )
 KEYS_PURGED_TOTAL = Counter("lockledger_idempotency_keys_purged_total", "Idempotency-Keys purged")
 
-EXPIRE_DUE_SQL = """
+# LOCK_EXPIRED's payload from the lapsed lease's row, as domain.decide(Expire) would write it.
+_EXPIRED_PAYLOAD = build_payload_sql(
+    LOCK_EXPIRED, owner="owner", fencing_token="fencing_token", expires_at="expires_at"
+)
+
+EXPIRE_DUE_SQL = f"""
 WITH due AS (
     SELECT resource, version, owner, fencing_token, expires_at
       FROM lock_state
-     WHERE status = 'held' AND expires_at <= clock_timestamp()
+     WHERE status = 'held' AND {lapsed_sql("expires_at", "clock_timestamp()")}
      ORDER BY expires_at
      LIMIT $1::integer
        FOR UPDATE SKIP LOCKED
@@ -58,8 +66,8 @@ appended AS (
            encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
                   PLACING substring(int8send(floor(extract(epoch FROM ts) * 1000)::bigint) FROM 3)
                   FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid,
-           'LOCK_EXPIRED',
-           jsonb_build_object('owner', owner, 'fencing_token', fencing_token, 'expires_at', expires_at),
+           '{LOCK_EXPIRED}',
+           {_EXPIRED_PAYLOAD},
            jsonb_build_object('command', 'expire', 'actor', 'reaper', 'reaper_id', $2::text),
            ts
       FROM stamped
@@ -67,7 +75,7 @@ appended AS (
 ),
 projected AS (
     UPDATE lock_state AS s
-       SET version = st.version + 1, status = 'free', ended_by = 'LOCK_EXPIRED', updated_at = st.ts
+       SET version = st.version + 1, status = 'free', ended_by = '{LOCK_EXPIRED}', updated_at = st.ts
       FROM stamped AS st
      WHERE s.resource = st.resource
  RETURNING s.resource

@@ -30,6 +30,7 @@ import structlog
 from prometheus_client import Gauge, Histogram
 
 from domain.errors import LockHeld
+from projections.lock_state import lapsed_sql
 from service.database import connection
 from service.errors import Unavailable
 
@@ -49,9 +50,9 @@ _SHUT_DOWN = _WAITED.labels("shutdown")
 
 T = TypeVar("T")
 
-FREED_SQL = """
+FREED_SQL = f"""
 SELECT resource FROM lock_state
- WHERE resource = ANY($1::text[]) AND (status <> 'held' OR expires_at <= clock_timestamp())
+ WHERE resource = ANY($1::text[]) AND (status <> 'held' OR {lapsed_sql("expires_at", "clock_timestamp()")})
 """
 
 

@@ -121,7 +121,7 @@ async def admin_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
 
 @pytest.fixture(scope="session")
 def lock_service(service_pool: asyncpg.Pool, settings: Settings) -> LockService:
-    return LockService(service_pool, settings.ttl_bounds, conflict_retries=settings.conflict_retries)
+    return LockService.on_pool(service_pool, settings.ttl_bounds, conflict_retries=settings.conflict_retries)
 
 
 @pytest.fixture

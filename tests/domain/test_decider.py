@@ -15,6 +15,8 @@ from domain.events import (
     LOCK_FORCE_RELEASED,
     LOCK_RELEASED,
     LOCK_RENEWED,
+    PAYLOAD_FIELDS,
+    PAYLOAD_TYPES,
     Event,
     LockAcquired,
     LockExpired,
@@ -23,9 +25,10 @@ from domain.events import (
     LockRenewed,
     event_from_payload,
     event_payload,
+    stamp,
 )
 from domain.resource import TtlBounds
-from domain.state import LockState, initial_state
+from domain.state import LockState, initial_state, is_expired
 
 RES = "pallet:42"
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -37,9 +40,9 @@ def ms(n: int) -> timedelta:
 
 
 def apply(state: LockState, command: Command, now: datetime, bounds: TtlBounds | None = None) -> LockState:
-    """Decide and fold the resulting events into ``state``."""
+    """Decide, append at the same instant (``stamp``), and fold the resulting events into ``state``."""
     events = decide(state, command, now) if bounds is None else decide(state, command, now, bounds)
-    return fold(state, events)
+    return fold(state, stamp(events, now))
 
 
 def held_by(owner: str = "agent-1", ttl_ms: int = TTL, at: datetime = T0) -> LockState:
@@ -53,8 +56,8 @@ def held_by(owner: str = "agent-1", ttl_ms: int = TTL, at: datetime = T0) -> Loc
 def test_acquire_free_lock_grants_lease_with_token_version_plus_one() -> None:
     state = initial_state(RES)
     events = decide(state, Acquire(RES, "agent-1", TTL), T0)
-    assert events == [LockAcquired(RES, "agent-1", 1, TTL, T0 + ms(TTL))]
-    new = fold(state, events)
+    assert events == [LockAcquired(RES, "agent-1", 1, TTL, None)]  # the append stamps the deadline
+    new = fold(state, stamp(events, T0))
     assert new.version == 1
     assert new.status == "held"
     assert new.owner == "agent-1"
@@ -114,10 +117,10 @@ def test_acquire_on_lapsed_lease_expires_then_acquires(late_ms: int) -> None:
     events = decide(state, Acquire(RES, "agent-2", 5_000), now)
     assert events == [
         LockExpired(RES, "agent-1", 1, T0 + ms(TTL)),
-        LockAcquired(RES, "agent-2", state.version + 2, 5_000, now + ms(5_000)),
+        LockAcquired(RES, "agent-2", state.version + 2, 5_000, None),
     ]
     assert events[1].fencing_token == 3
-    new = fold(state, events)
+    new = fold(state, stamp(events, now))
     assert new.version == 3
     assert new.owner == "agent-2"
     assert new.fencing_token == 3
@@ -158,8 +161,8 @@ def test_renew_by_holder_extends_deadline_from_now() -> None:
     state = held_by("agent-1", ttl_ms=TTL)
     now = T0 + ms(4_000)
     events = decide(state, Renew(RES, "agent-1", 1, 20_000), now)
-    assert events == [LockRenewed(RES, "agent-1", 1, 20_000, now + ms(20_000))]
-    new = fold(state, events)
+    assert events == [LockRenewed(RES, "agent-1", 1, 20_000, None)]
+    new = fold(state, stamp(events, now))
     assert new.version == 2
     assert new.status == "held"
     assert new.fencing_token == 1
@@ -171,7 +174,7 @@ def test_renew_without_ttl_keeps_the_lease_ttl() -> None:
     state = held_by("agent-1", ttl_ms=7_500)
     now = T0 + ms(3_000)
     events = decide(state, Renew(RES, "agent-1", 1), now)
-    assert events == [LockRenewed(RES, "agent-1", 1, 7_500, now + ms(7_500))]
+    assert stamp(events, now) == [LockRenewed(RES, "agent-1", 1, 7_500, now + ms(7_500))]
 
 
 def test_renew_without_ttl_keeps_the_ttl_of_the_last_renewal() -> None:
@@ -181,7 +184,7 @@ def test_renew_without_ttl_keeps_the_ttl_of_the_last_renewal() -> None:
     events = decide(state, Renew(RES, "agent-1", 1), now)
     assert isinstance(events[0], LockRenewed)
     assert events[0].ttl_ms == 12_000
-    assert events[0].expires_at == now + ms(12_000)
+    assert stamp(events, now)[0].expires_at == now + ms(12_000)
 
 
 def test_renew_just_before_deadline_succeeds() -> None:
@@ -538,6 +541,7 @@ def test_event_payload_round_trip(event: Event) -> None:
     back = event_from_payload(event.resource, event.type, payload)
     assert back == event
     assert type(back) is type(event)
+    assert back.expires_at is not None
     assert back.expires_at.tzinfo is not None
     assert back.expires_at.utcoffset() == timedelta(0)
 
@@ -594,7 +598,7 @@ def test_decided_events_round_trip_through_payload_and_fold() -> None:
         (Release(RES, "c", 6), T0 + ms(6_000)),
     ]
     for command, now in script:
-        events = decide(state, command, now)
+        events = stamp(decide(state, command, now), now)
         emitted.extend(events)
         state = fold(state, events)
     assert [e.type for e in emitted] == [
@@ -617,3 +621,21 @@ def test_force_release_reason_must_be_storable_text(reason: str) -> None:
     state = LockState(resource="zone:A3")
     with pytest.raises(InvalidCommand):
         decide(state, ForceRelease("zone:A3", reason), datetime(2026, 1, 1, tzinfo=UTC))
+
+
+@pytest.mark.parametrize("event", ALL_EVENTS, ids=lambda e: e.type)
+def test_event_payload_writes_exactly_the_fields_of_the_payload_table(event: Event) -> None:
+    payload = event_payload(event)
+    assert tuple(payload) == PAYLOAD_FIELDS[event.type]
+    for field in payload:
+        expected = str if PAYLOAD_TYPES[field] is datetime else PAYLOAD_TYPES[field]
+        assert isinstance(payload[field], expected), field
+
+
+def test_the_expiry_rule_puts_the_deadline_itself_past_the_lease() -> None:
+    assert not is_expired(T0, T0 - ms(1))
+    assert is_expired(T0, T0)
+    held = LockState(RES, 1, "held", "a", 1, TTL, T0)
+    assert held.is_live(T0 - timedelta(microseconds=1))
+    assert held.is_lapsed(T0)
+    assert not held.is_live(T0)

@@ -29,6 +29,7 @@ from domain.events import (
     LockForceReleased,
     LockReleased,
     LockRenewed,
+    stamp,
 )
 from domain.state import LockState, initial_state
 
@@ -87,6 +88,7 @@ def live_tokens(log: list[tuple[datetime, Event]], now: datetime) -> dict[int, s
     ended: set[int] = set()
     for _, event in log:
         if isinstance(event, LockAcquired | LockRenewed):
+            assert event.expires_at is not None
             grants[event.fencing_token] = (event.owner, event.expires_at)
         else:
             ended.add(event.fencing_token)
@@ -110,7 +112,7 @@ class LockDeciderMachine(RuleBasedStateMachine):
         before = lock.state
         error: DomainError | None = None
         try:
-            events = decide(lock.state, command, self.now)
+            events = stamp(decide(lock.state, command, self.now), self.now)  # appended at once
         except DomainError as err:
             error = err
         if error is not None:
@@ -322,6 +324,7 @@ class LockDeciderMachine(RuleBasedStateMachine):
                     assert event.fencing_token not in ended, "renewed an ended lease"
                     assert decided_at < last_deadline[event.fencing_token], "renewed a lapsed lease"
                 if isinstance(event, LockAcquired | LockRenewed):
+                    assert event.expires_at is not None
                     last_deadline[event.fencing_token] = event.expires_at
                 else:
                     assert event.fencing_token not in ended, "ended a lease twice"

@@ -21,6 +21,7 @@ from domain.errors import DomainError
 from domain.events import event_from_payload
 from domain.resource import TtlBounds
 from domain.state import LockState
+from eventstore import append
 from eventstore.event_ids import new_event_ids
 from eventstore.verify import verify_chains
 from service import lock_store
@@ -170,7 +171,7 @@ async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
     acknowledged command in the log, and the projection equal to a fold of the events. With three
     services each command goes to one at random, as to three server processes: each decides on what it
     remembers, which the others keep making stale."""
-    services = [LockService(service_pool, BOUNDS) for _ in range(processes)]
+    services = [LockService.on_pool(service_pool, BOUNDS) for _ in range(processes)]
     resources = [f"{unique_prefix}r{i}" for i in range(12)]
     holders: dict[str, str] = {}
     grants: dict[str, list[int]] = {r: [] for r in resources}
@@ -249,7 +250,7 @@ async def test_both_statements_store_the_event_ids_the_appender_made(
         made.extend(ids)
         return ids
 
-    monkeypatch.setattr(lock_store, "new_event_ids", recorded)
+    monkeypatch.setattr(append, "new_event_ids", recorded)
     alone, first, second = (f"{unique_prefix}{n}" for n in ("alone", "first", "second"))
     async with service_pool.acquire() as conn:
         state, now = await _state(conn, alone)

@@ -216,7 +216,7 @@ async def test_recorded_at_default_is_clock_timestamp_not_transaction_start(
 async def test_tx_id_is_the_writing_transaction(
     service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, resource: str
 ) -> None:
-    service = LockService(service_pool, TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000))
+    service = LockService.on_pool(service_pool, TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000))
     await service.execute(Acquire(resource, "bot1", 100), CommandContext())
     # Keep reapers off the lapsing lease (they skip locked rows), so the next acquire finds it lapsed and
     # expires and re-acquires it in one statement: two events, one transaction.

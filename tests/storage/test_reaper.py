@@ -259,7 +259,7 @@ async def test_a_renew_that_commits_before_the_reaper_is_never_expired(
     service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str
 ) -> None:
     # Leases of tens of milliseconds so 200 races take seconds: a service with a lower TTL floor.
-    service = LockService(service_pool, TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000))
+    service = LockService.on_pool(service_pool, TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000))
     reaper_id = f"{unique_prefix}race-reaper"
     rng = random.Random(20261130)
     waves, per_wave = 25, 8
@@ -435,7 +435,7 @@ async def test_a_command_decided_before_the_deadline_but_appended_after_it_sees_
     earlier." The same holds for release and force-release: at the instant of the append the lease has
     lapsed, so the log must say LOCK_EXPIRED (the decision at that instant), not that the holder or an
     operator ended a lease that was still live."""
-    service = LockService(service_pool, TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000))
+    service = LockService.on_pool(service_pool, TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000))
     acquired = await service.execute(Acquire(resource, "bot1", 300), CommandContext())
     deadline = datetime.fromisoformat(json.loads(acquired.body)["expires_at"])
     commands: dict[str, Renew | Release | ForceRelease] = {

@@ -90,7 +90,7 @@ async def _workload(service: LockService, service_pool: asyncpg.Pool, prefix: st
 async def test_rebuild_reproduces_lock_state_and_equals_a_fold_of_the_log(
     service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str
 ) -> None:
-    service = LockService(service_pool, TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000))
+    service = LockService.on_pool(service_pool, TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000))
     outcomes = await _workload(service, service_pool, unique_prefix, seed=7)
     print(f"\nworkload outcomes: {dict(sorted(outcomes.items()))}")
     # The workload reached the interesting states, or the comparison below proves little.

@@ -22,6 +22,7 @@ from domain.errors import DomainError, LeaseExpired, LockHeld
 from domain.resource import TtlBounds
 from service import lock_store
 from service.lock_service import CommandContext, CommandResult, LockService
+from service.store_adapters import Remembering
 
 pytestmark = pytest.mark.storage
 
@@ -30,7 +31,7 @@ BOUNDS = TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000)
 
 def _service(pool: asyncpg.Pool) -> LockService:
     """A service with a memory of its own, as each server process has."""
-    return LockService(pool, BOUNDS)
+    return LockService.on_pool(pool, BOUNDS)
 
 
 async def _events(pool: asyncpg.Pool, resource: str) -> list[tuple[str, dict[str, object]]]:
@@ -137,6 +138,14 @@ async def test_a_retried_key_replays_its_outcome_instead_of_deciding_from_memory
     assert [t for t, _ in await _events(service_pool, resource)] == ["LOCK_ACQUIRED", "LOCK_RELEASED"]
 
 
+def _remembering(service: LockService) -> Remembering:
+    """The adapter that remembers states, in the service's store stack."""
+    store: object = service.store
+    while not isinstance(store, Remembering):
+        store = store.inner  # type: ignore[attr-defined]
+    return store
+
+
 async def test_after_a_restart_existing_locks_are_read_and_the_guess_backs_off(
     service_pool: asyncpg.Pool, unique_prefix: str
 ) -> None:
@@ -152,7 +161,7 @@ async def test_after_a_restart_existing_locks_are_read_and_the_guess_backs_off(
         outcomes.append(restarted.reads)
     assert outcomes[-1] == len(resources)  # each one read, and refused on what it read
     # Guesses failed, so later unknown streams are mostly read first instead of guessed new.
-    assert restarted._new_streams.rate < 0.5
+    assert _remembering(restarted).new_streams.rate < 0.5
 
 
 async def test_concurrent_acquires_of_one_lock_wait_for_the_grant_instead_of_racing_it(

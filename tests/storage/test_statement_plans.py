@@ -34,10 +34,7 @@ pytestmark = pytest.mark.storage
 TABLES = ("lock_state", "events", "idempotency_keys")
 STATEMENTS = {
     "load": lock_store.LOAD_SQL,
-    "load_many": lock_store.LOAD_MANY_SQL,
-    "commit_new": lock_store.COMMIT_NEW_SQL,
-    "commit_existing": lock_store.COMMIT_EXISTING_SQL,
-    "commit_many": lock_store.COMMIT_MANY_SQL,
+    "commit": lock_store.COMMIT_SQL,
     "expire_due": reaper.EXPIRE_DUE_SQL,
 }
 

@@ -34,7 +34,7 @@ GUARD_S = 20.0
 async def service(service_pool: asyncpg.Pool) -> AsyncIterator[LockService]:
     """A service of its own (its own memory and waiters), as each server process has. Its follower looks
     only once a minute, so what wakes its waiters within a test is this service's own commits."""
-    svc = LockService(service_pool, BOUNDS, wait_poll_s=60)
+    svc = LockService.on_pool(service_pool, BOUNDS, wait_poll_s=60)
     yield svc
     await svc.close()
 
@@ -42,7 +42,7 @@ async def service(service_pool: asyncpg.Pool) -> AsyncIterator[LockService]:
 @pytest.fixture
 async def following(service_pool: asyncpg.Pool) -> AsyncIterator[LockService]:
     """A service whose follower looks every 50 ms (the default), for what only the follower can see."""
-    svc = LockService(service_pool, BOUNDS, wait_poll_s=0.05)
+    svc = LockService.on_pool(service_pool, BOUNDS, wait_poll_s=0.05)
     yield svc
     await svc.close()
 
@@ -86,7 +86,7 @@ async def test_a_release_through_another_process_wakes_the_waiter(
     following: LockService, service_pool: asyncpg.Pool, resource: str
 ) -> None:
     service = following
-    other_process = LockService(service_pool, BOUNDS)
+    other_process = LockService.on_pool(service_pool, BOUNDS)
     held = await _take(other_process, resource, "holder")
     waiting = asyncio.create_task(
         service.execute(Acquire(resource, "waiter", 30_000, wait_ms=10_000), CommandContext())
@@ -127,7 +127,7 @@ async def test_a_wait_that_runs_out_is_the_usual_refusal(service: LockService, r
 
 
 async def test_the_server_maximum_cuts_a_longer_wait(service_pool: asyncpg.Pool, resource: str) -> None:
-    service = LockService(service_pool, BOUNDS, max_wait_ms=400)
+    service = LockService.on_pool(service_pool, BOUNDS, max_wait_ms=400)
     try:
         await _take(service, resource, "holder")
         started = time.monotonic()
@@ -225,7 +225,7 @@ async def test_a_crowd_of_waiters_keeps_one_holder_and_increasing_tokens(
     """Two services (two processes' worth of waiters) and 24 agents on three locks, every acquire
     waiting: no agent is ever refused, at most one holds each lock at any instant (checked as they hold
     it, and again in the log), and every grant's token is above the one before."""
-    services = [LockService(service_pool, BOUNDS, wait_poll_s=0.02) for _ in range(2)]
+    services = [LockService.on_pool(service_pool, BOUNDS, wait_poll_s=0.02) for _ in range(2)]
     resources = [f"{unique_prefix}hot{i}" for i in range(RESOURCES)]
     holders: dict[str, str | None] = dict.fromkeys(resources)
     overlaps: list[str] = []
