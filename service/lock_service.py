@@ -240,19 +240,25 @@ def _response(command: Command, events: list[Event]) -> tuple[int, dict[str, Any
             "fencing_token": last.fencing_token,
             "released": True,
         }
+    # Every field of a force-release's answer, null where nothing was ended or no reason was recorded.
     if not events:
-        return 200, {"resource": resource, "released": False}
+        return 200, {
+            "resource": resource,
+            "released": False,
+            "owner": None,
+            "fencing_token": None,
+            "event": None,
+            "reason": None,
+        }
     last = events[-1]
-    body = {
+    return 200, {
         "resource": resource,
         "released": True,
         "owner": last.owner,
         "fencing_token": last.fencing_token,
         "event": last.type,
+        "reason": last.reason if isinstance(last, LockForceReleased) else None,
     }
-    if isinstance(last, LockForceReleased):
-        body["reason"] = last.reason
-    return 200, body
 
 
 def _metadata(command: str, ctx: CommandContext) -> dict[str, Any]:

@@ -780,6 +780,8 @@ async def test_openapi_lists_every_path(http: httpx.AsyncClient) -> None:
 
 # --- force-release -----------------------------------------------------------------------------------
 
+NOTHING_RELEASED = {"released": False, "owner": None, "fencing_token": None, "event": None, "reason": None}
+
 
 async def test_force_release(http: httpx.AsyncClient, resource: str, admin_pool: asyncpg.Pool) -> None:
     lease = await acquire(http, resource, "bot1")
@@ -820,7 +822,7 @@ async def test_force_release(http: httpx.AsyncClient, resource: str, admin_pool:
     # A free lock is left as it is: nothing released, nothing recorded.
     again = await http.post(f"/v1/locks/{resource}/force-release", json={"reason": "again"})
     assert again.status_code == 200
-    assert again.json() == {"resource": resource, "released": False}
+    assert again.json() == NOTHING_RELEASED | {"resource": resource}
     assert await event_types(admin_pool, resource) == ["LOCK_ACQUIRED", "LOCK_FORCE_RELEASED"]
 
     # The next holder's token is larger than the one that was forced out.
@@ -832,6 +834,6 @@ async def test_force_release_of_a_never_locked_resource(
 ) -> None:
     response = await http.post(f"/v1/locks/{resource}/force-release", json={"reason": "cleanup"})
     assert response.status_code == 200
-    assert response.json() == {"resource": resource, "released": False}
+    assert response.json() == NOTHING_RELEASED | {"resource": resource}
     assert await event_types(admin_pool, resource) == []
     assert_problem(await http.get(f"/v1/locks/{resource}"), 404, "not_found")
