@@ -1,4 +1,4 @@
-"""``python -m bench`` / ``lockledger bench``: the options, then one run (see runner.py)."""
+"""``python -m bench``: the options, then one run (see runner.py)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def cells_table(cells: list[Cell], renews: int, auth: str | None = None) -> Tabl
     authenticated = f"; HTTP agents authenticate ({auth}, one API token each)" if auth else ""
     repeated = any("runs" in cell for cell in cells)
     table = Table(
-        title=f"lockledger bench: every cell (latency ms p50/p95/p99; CPU in % of one core{authenticated})",
+        title=f"python -m bench: every cell (latency ms p50/p95/p99; CPU in % of one core{authenticated})",
         title_justify="left",
     )
     for name, justify in (
