@@ -39,7 +39,7 @@ def assert_is_documented(
 ) -> dict[str, Any]:
     assert response.is_success, response.text
     model = documented_model(openapi, method, template, response.status_code)
-    body = json.loads(response.content)
+    body: dict[str, Any] = json.loads(response.content)
     model.model_validate_json(response.content, strict=False)
     fields = {info.alias or name for name, info in model.model_fields.items()}
     assert set(body) == fields, (template, model.__name__, set(body) ^ fields)
