@@ -106,14 +106,9 @@ SELECT q.ord, clock_timestamp() AS db_now,
 """
 
 
-async def load(conn: Connection, resource: str, principal: str, key: str | None) -> Snapshot:
-    """The stream head, the clock and the key's stored outcome for one command: a batch of one."""
-    [snapshot] = await load_many(conn, [(resource, principal, key)])
-    return snapshot
-
-
 async def load_many(conn: Connection, requests: list[tuple[str, str, str | None]]) -> list[Snapshot]:
-    """``load`` for several (resource, principal, key) at once, in request order."""
+    """The stream head, the clock and the key's stored outcome for each (resource, principal, key), in
+    request order (one command is a batch of one)."""
     rows = await conn.fetch(
         LOAD_SQL, [r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests]
     )
@@ -211,12 +206,6 @@ def _json(value: Any) -> str:
     """Compact JSON from pydantic-core's encoder: several times as fast as ``json.dumps`` on these small
     documents, and PostgreSQL normalizes jsonb anyway."""
     return to_json(value).decode()
-
-
-async def commit(conn: Connection, plan: AppendPlan) -> Committed | None:
-    """Append one plan: a batch of one. ``None`` when the stream moved on (decide again)."""
-    [committed] = await commit_many(conn, [plan])
-    return committed
 
 
 async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committed | None]:

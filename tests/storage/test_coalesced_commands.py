@@ -22,12 +22,13 @@ from domain.events import event_from_payload
 from domain.resource import TtlBounds
 from domain.state import LockState
 from eventstore import append
+from eventstore.connection import Connection
 from eventstore.event_ids import new_event_ids
 from eventstore.verify import verify_chains
 from service import lock_store
 from service.idempotency import fingerprint
 from service.lock_service import CommandContext, LockService
-from service.lock_store import AppendPlan, Idempotency
+from service.lock_store import AppendPlan, Committed, Idempotency
 
 pytestmark = pytest.mark.storage
 
@@ -51,7 +52,7 @@ def _plan(state: LockState, command: Command, now: datetime, key: str | None = N
 async def _state(
     conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], resource: str
 ) -> tuple[LockState, datetime]:
-    snapshot = await lock_store.load(conn, resource, "anonymous", None)
+    snapshot = (await lock_store.load_many(conn, [(resource, "anonymous", None)]))[0]
     return snapshot.state, snapshot.db_now
 
 
@@ -70,11 +71,9 @@ async def test_each_plan_of_a_batch_stands_or_falls_on_its_own(
         # Prepare: `free` acquired and released; `stale`, `lapsed_*` acquired with short leases.
         for resource, ttl in ((free, 5_000), (stale, 60_000), (lapsed_renew, 1_000), (lapsed_acquire, 1_000)):
             state, now = await _state(conn, resource)
-            assert (
-                await lock_store.commit(conn, _plan(state, Acquire(resource, "bot1", ttl), now)) is not None
-            )
+            assert await commit_one(conn, _plan(state, Acquire(resource, "bot1", ttl), now)) is not None
         state, now = await _state(conn, free)
-        assert await lock_store.commit(conn, _plan(state, Release(free, "bot1", 1), now)) is not None
+        assert await commit_one(conn, _plan(state, Release(free, "bot1", 1), now)) is not None
         # The renew is decided on the head as it was before its deadline (a reaper, such as the shared
         # test server's, may expire the lease meanwhile: the commit must refuse either way).
         renew_state, _ = await _state(conn, lapsed_renew)
@@ -130,7 +129,7 @@ async def test_a_batch_that_fails_writes_nothing(
     async with service_pool.acquire() as conn:
         state, now = await _state(conn, f"{unique_prefix}owner-of-key")
         plan = _plan(state, Acquire(f"{unique_prefix}owner-of-key", "bot1", 30_000), now, key=key)
-        assert await lock_store.commit(conn, plan) is not None
+        assert await commit_one(conn, plan) is not None
         plans = []
         for resource, plan_key in ((first, None), (second, key)):  # the second reuses a stored key
             state, now = await _state(conn, resource)
@@ -254,7 +253,7 @@ async def test_both_statements_store_the_event_ids_the_appender_made(
     alone, first, second = (f"{unique_prefix}{n}" for n in ("alone", "first", "second"))
     async with service_pool.acquire() as conn:
         state, now = await _state(conn, alone)
-        assert await lock_store.commit(conn, _plan(state, Acquire(alone, "bot1", 30_000), now)) is not None
+        assert await commit_one(conn, _plan(state, Acquire(alone, "bot1", 30_000), now)) is not None
         plans = []
         for resource in (first, second):
             state, now = await _state(conn, resource)
@@ -269,3 +268,9 @@ async def test_both_statements_store_the_event_ids_the_appender_made(
     assert [row["stream_id"] for row in stored] == [alone, first, second]
     assert [row["id"] for row in stored] == made
     assert report.ok
+
+
+async def commit_one(conn: Connection, plan: AppendPlan) -> Committed | None:
+    """One plan through the commit statement: a batch of one."""
+    [committed] = await lock_store.commit_many(conn, [plan])
+    return committed

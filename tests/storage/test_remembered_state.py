@@ -223,7 +223,7 @@ async def test_three_processes_with_their_own_memories_answer_as_a_fresh_read_wo
     for step in story:
         resource = f"{prefix}{step.resource}"
         async with service_pool.acquire() as conn:
-            truth = await lock_store.load(conn, resource, "anonymous", None)
+            truth = (await lock_store.load_many(conn, [(resource, "anonymous", None)]))[0]
         owner = f"bot{step.owner}"
         token = truth.state.fencing_token if step.right_token else truth.state.fencing_token + 1
         command: Command
