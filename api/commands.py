@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from api.command_route import CommandCall, CommandCaller, CommandRoute
 from api.dependencies import ResourcePath
@@ -58,17 +59,20 @@ def lease_owner(claimed: str | None, caller: Principal) -> str:
     return caller.name
 
 
-async def _run(command: Command, call: CommandCall) -> Response:
+async def _run(
+    command: Command, call: CommandCall, model: type[BaseModel], status_code: int = 200
+) -> Response:
+    """Execute ``command`` and render its outcome through ``model``, the response model the route
+    documents; a replayed Idempotency-Key is rendered from the stored outcome, so byte for byte alike."""
     try:
         result = await call.service.execute(command, call.context, call.disconnected)
     except NotOwner as error:
         if call.caller.authenticated:
             raise Forbidden(f"the lease on {error.resource} belongs to {error.holder}") from error
         raise
+    body = model.model_validate(result.outcome, from_attributes=True).model_dump_json()
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
-    return Response(
-        result.body, status_code=result.status_code, media_type="application/json", headers=headers
-    )
+    return Response(body, status_code=status_code, media_type="application/json", headers=headers)
 
 
 @router.post("/{resource}/acquire", status_code=201, response_model=Lease, responses=_problems(409, 422, 503))
@@ -77,7 +81,7 @@ async def acquire(resource: ResourcePath, body: AcquireRequest, call: Holder) ->
     and its deadline."""
     ttl_ms = body.ttl_ms if body.ttl_ms is not None else call.service.default_ttl_ms
     command = Acquire(resource, lease_owner(body.owner, call.caller), ttl_ms, body.wait_ms)
-    return await _run(command, call)
+    return await _run(command, call, Lease, status_code=201)
 
 
 @router.post("/{resource}/renew", response_model=Lease, responses=_problems(409, 410, 422, 503))
@@ -85,17 +89,17 @@ async def renew(resource: ResourcePath, body: RenewRequest, call: Holder) -> Res
     """The heartbeat: extend the lease from now. 410 `lease_expired` once its deadline has passed;
     403 when the lease is another principal's."""
     command = Renew(resource, lease_owner(body.owner, call.caller), body.fencing_token, body.ttl_ms)
-    return await _run(command, call)
+    return await _run(command, call, Lease)
 
 
 @router.post("/{resource}/release", response_model=Released, responses=_problems(409, 410, 422, 503))
 async def release(resource: ResourcePath, body: ReleaseRequest, call: Holder) -> Response:
     """End the lease now so the next agent need not wait for the deadline; 403 when it is another's."""
     command = Release(resource, lease_owner(body.owner, call.caller), body.fencing_token)
-    return await _run(command, call)
+    return await _run(command, call, Released)
 
 
 @router.post("/{resource}/force-release", response_model=ForceReleased, responses=_problems(422, 503))
 async def force_release(resource: ResourcePath, body: ForceReleaseRequest, call: Admin) -> Response:
     """Admin: end whatever lease is live, recording why. A free lock is left as it is (`released: false`)."""
-    return await _run(ForceRelease(resource, body.reason), call)
+    return await _run(ForceRelease(resource, body.reason), call, ForceReleased)

@@ -9,20 +9,21 @@ production.
 from __future__ import annotations
 
 import itertools
-import json
 from datetime import UTC, datetime, timedelta
 
 from fastapi import APIRouter
 from fastapi.responses import Response
+from pydantic import BaseModel
 from starlette.routing import Match
 from starlette.types import Scope
 
 from api.command_route import CommandRoute
 from api.commands import Holder, lease_owner
 from api.dependencies import ResourcePath
-from api.models import AcquireRequest, ReleaseRequest, RenewRequest
+from api.models import AcquireRequest, Lease, Released, ReleaseRequest, RenewRequest
 from api.paths import route_path
-from domain.timestamps import format_timestamp
+from service.outcomes import Granted
+from service.outcomes import Released as ReleasedOutcome
 
 
 class _OwnPathsOnly(APIRouter):
@@ -49,14 +50,14 @@ _tokens = itertools.count(1)
 
 def _lease(resource: str, owner: str, token: int, ttl_ms: int, status: int) -> Response:
     expires_at = datetime.now(UTC) + timedelta(milliseconds=ttl_ms)
-    body = {
-        "resource": resource,
-        "owner": owner,
-        "fencing_token": token,
-        "expires_at": format_timestamp(expires_at),
-        "ttl_ms": ttl_ms,
-    }
-    return Response(json.dumps(body), status_code=status, media_type="application/json")
+    lease = Granted(resource, owner, token, expires_at, ttl_ms)
+    return _render(Lease, lease, status)
+
+
+def _render(model: type[BaseModel], outcome: object, status: int = 200) -> Response:
+    """The outcome rendered as the real commands render theirs (api/commands.py)."""
+    body = model.model_validate(outcome, from_attributes=True).model_dump_json()
+    return Response(body, status_code=status, media_type="application/json")
 
 
 @router.post("/{resource}/acquire", status_code=201)
@@ -72,10 +73,5 @@ async def renew(resource: ResourcePath, body: RenewRequest, call: Holder) -> Res
 
 @router.post("/{resource}/release")
 async def release(resource: ResourcePath, body: ReleaseRequest, call: Holder) -> Response:
-    payload = {
-        "resource": resource,
-        "owner": lease_owner(body.owner, call.caller),
-        "fencing_token": body.fencing_token,
-        "released": True,
-    }
-    return Response(json.dumps(payload), media_type="application/json")
+    owner = lease_owner(body.owner, call.caller)
+    return _render(Released, ReleasedOutcome(resource, owner, body.fencing_token))

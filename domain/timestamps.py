@@ -23,6 +23,9 @@ def format_timestamp(value: datetime) -> str:
     A naive datetime is refused rather than guessed at: every instant here comes from the database
     clock, with its offset.
     """
-    if value.tzinfo is None or value.utcoffset() is None:
+    offset = value.utcoffset()
+    if offset is None:
         raise ValueError(f"a naive datetime has no instant to render: {value!r}")
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    if offset:
+        value = value.astimezone(UTC)
+    return value.isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" becomes "Z"

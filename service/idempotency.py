@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from eventstore.connection import Connection
@@ -35,17 +34,11 @@ def fingerprint(command: str, resource: str, fields: dict[str, Any]) -> bytes:
     return hashlib.sha256(canonical.encode()).digest()
 
 
-@dataclass(frozen=True, slots=True)
-class Replay:
-    status_code: int
-    body: str
-
-
-def replay(stored: StoredOutcome, request_fingerprint: bytes) -> Replay:
-    """The stored outcome for the same request; a different request under the same key is refused."""
+def replay(stored: StoredOutcome, request_fingerprint: bytes) -> str:
+    """The stored answer (JSON) for the same request; a different request under the same key is refused."""
     if stored.fingerprint != request_fingerprint:
         raise IdempotencyKeyReused("this Idempotency-Key was already used for a different request")
-    return Replay(stored.status_code, stored.response)
+    return stored.response
 
 
 async def purge_expired(conn: Connection, retention_s: int, batch: int) -> int:

@@ -26,6 +26,7 @@ from service.database_guard import DatabaseGuard
 from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
 from service.lock_store import AppendPlan, Idempotency
+from service.outcomes import CommandResult, answer_fields, outcome_of
 from service.store import CommitConflict, LoadRequest, LockStore
 from service.store_adapters import Adapters, build_store
 from service.waiters import Waiters
@@ -42,13 +43,6 @@ class CommandContext:
     correlation_id: str | None = None
     causation_id: str | None = None
     saga_id: str | None = None
-
-
-@value
-class CommandResult:
-    status_code: int
-    body: str  # JSON, byte for byte what a replay of the same Idempotency-Key returns
-    replayed: bool = False
 
 
 class LockService:
@@ -138,7 +132,7 @@ class LockService:
                 _READS.inc()
             if snapshot.stored is not None:
                 stored = replay(snapshot.stored, idempotency.fingerprint)
-                return CommandResult(stored.status_code, stored.body, replayed=True)
+                return CommandResult(outcome_of(command, json.loads(stored)), replayed=True)
             try:
                 events = decide(snapshot.state, command, snapshot.db_now, self._bounds)
             except DomainError:
@@ -149,8 +143,7 @@ class LockService:
             if plan is None:
                 if snapshot.remembered:
                     continue
-                status_code, response = _response(command, events)
-                return CommandResult(status_code, json.dumps(response, separators=(",", ":")))
+                return CommandResult(outcome_of(command, answer_fields(command, events)))
             try:
                 [committed] = await self.store.commit([plan])
             except CommitConflict:
@@ -158,7 +151,7 @@ class LockService:
             if committed is not None:
                 if plan.new_state.status == "free":
                     self._waiters.freed(command.resource)
-                return CommandResult(plan.status_code, committed.response)
+                return CommandResult(outcome_of(command, plan.response, committed.expires_at))
         raise Unavailable(f"{command.resource} is too contended to decide now; retry", retry_after_s=1)
 
 
@@ -184,7 +177,6 @@ def append_plan(
     """The append that carries out a decision; None when the decision changes nothing."""
     if not events:
         return None
-    status_code, response = _response(command, events)
     # Renew, release and a force-release of a live lease stand only if the lease is still live when
     # appended; otherwise decide again (it lapsed: lease_expired, or LOCK_EXPIRED).
     ends_live_lease = isinstance(command, Renew | Release) or isinstance(events[-1], LockForceReleased)
@@ -193,8 +185,7 @@ def append_plan(
         events=events,
         new_state=fold(state, events),
         require_live=ends_live_lease,
-        status_code=status_code,
-        response=response,
+        response=answer_fields(command, events),
         metadata=metadata,
         idempotency=idempotency,
         remembered=remembered,
@@ -218,47 +209,6 @@ def _describe(command: Command) -> tuple[str, dict[str, Any]]:
         return "force-release", {"reason": command.reason}
     assert isinstance(command, Expire)
     return "expire", {}
-
-
-def _response(command: Command, events: list[Event]) -> tuple[int, dict[str, Any]]:
-    """The response body before the statement stamps ``expires_at`` into granting responses."""
-    resource = command.resource
-    if isinstance(command, Acquire | Renew):
-        last = events[-1]
-        body = {
-            "resource": resource,
-            "owner": last.owner,
-            "fencing_token": last.fencing_token,
-            "ttl_ms": getattr(last, "ttl_ms", None),
-        }
-        return (201 if isinstance(command, Acquire) else 200), body
-    if isinstance(command, Release):
-        last = events[-1]
-        return 200, {
-            "resource": resource,
-            "owner": last.owner,
-            "fencing_token": last.fencing_token,
-            "released": True,
-        }
-    # Every field of a force-release's answer, null where nothing was ended or no reason was recorded.
-    if not events:
-        return 200, {
-            "resource": resource,
-            "released": False,
-            "owner": None,
-            "fencing_token": None,
-            "event": None,
-            "reason": None,
-        }
-    last = events[-1]
-    return 200, {
-        "resource": resource,
-        "released": True,
-        "owner": last.owner,
-        "fencing_token": last.fencing_token,
-        "event": last.type,
-        "reason": last.reason if isinstance(last, LockForceReleased) else None,
-    }
 
 
 def _metadata(command: str, ctx: CommandContext) -> dict[str, Any]:

@@ -48,8 +48,7 @@ class StoredOutcome:
     """What an Idempotency-Key already produced."""
 
     fingerprint: bytes
-    status_code: int
-    response: str
+    response: str  # the answer's fields, JSON (service/outcomes.py)
 
 
 @value
@@ -75,8 +74,7 @@ class AppendPlan:
     events: list[Event]
     new_state: LockState
     require_live: bool
-    status_code: int
-    response: dict[str, Any]
+    response: dict[str, Any]  # the answer's fields; a grant's deadline is added by the commit
     metadata: dict[str, Any]
     idempotency: Idempotency
     remembered: bool = False  # decided on a remembered state, not one just read
@@ -84,7 +82,6 @@ class AppendPlan:
 
 @value
 class Committed:
-    response: str  # the JSON body, byte for byte what the Idempotency-Key record holds
     expires_at: datetime | None  # the lease deadline as stored (a grant's is stamped by the statement)
 
 
@@ -93,12 +90,12 @@ class Committed:
 LOAD_SQL = f"""
 SELECT q.ord, clock_timestamp() AS db_now,
        s.version, s.status, s.owner, s.fencing_token, s.ttl_ms, s.expires_at, s.ended_by,
-       k.fingerprint, k.status_code, k.response::text AS response
+       k.fingerprint, k.response::text AS response
   FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS q(resource, principal, key, ord)
   LEFT JOIN LATERAL ({read_head_sql("q.resource")}
        ) AS s ON true
   LEFT JOIN LATERAL (
-        SELECT fingerprint, status_code, response
+        SELECT fingerprint, response
           FROM idempotency_keys WHERE principal = q.principal AND key = q.key
          LIMIT 1
        ) AS k ON true
@@ -119,14 +116,13 @@ def _snapshot(resource: str, row: asyncpg.Record) -> Snapshot:
     state = lock_state_from_row(resource, row)
     stored = None
     if row["fingerprint"] is not None:
-        stored = StoredOutcome(bytes(row["fingerprint"]), row["status_code"], row["response"])
+        stored = StoredOutcome(bytes(row["fingerprint"]), row["response"])
     return Snapshot(db_now=row["db_now"], state=state, stored=stored)
 
 
 def _answer_text(instant: str) -> str:
-    """SQL writing ``instant`` as every answer writes one (domain/timestamps.py). The response body is
-    built in the statement that stores it under its Idempotency-Key, so a replay is the first answer
-    byte for byte."""
+    """SQL writing ``instant`` as every answer writes one (domain/timestamps.py): a grant's deadline in
+    the answer's fields stored under its Idempotency-Key, which a replay renders as the first answer."""
     return f"to_char({instant} AT TIME ZONE 'UTC', '{SQL_TIMESTAMP_FORMAT}')"
 
 
@@ -158,7 +154,7 @@ WITH c AS (
         AS c(cmd bigint, resource text, expected bigint, require_live boolean, grant_ttl integer,
              n_events integer, status text, owner text, token bigint, ttl integer,
              ended_expires_at timestamptz, ended_by text, principal text, key text, fingerprint text,
-             status_code smallint, response jsonb, metadata jsonb, acquires boolean)
+             response jsonb, metadata jsonb, acquires boolean)
 ),
 head AS ({lock_heads_sql("c")}
 ),
@@ -185,20 +181,20 @@ appended AS ({append_sql("ok", "$2::json")}
 ),
 answered AS (
     SELECT ok.cmd, ok.ts, ok.new_expires_at, ok.principal, ok.key,
-           decode(ok.fingerprint, 'hex') AS fingerprint, ok.resource, ok.status_code,
+           decode(ok.fingerprint, 'hex') AS fingerprint, ok.resource,
            CASE WHEN ok.grant_ttl IS NULL THEN ok.response
                 ELSE ok.response || jsonb_build_object('{DEADLINE_FIELD}', {_ANSWERED_DEADLINE})
             END AS body
       FROM ok
 ),
 remembered AS (
-    INSERT INTO idempotency_keys (principal, key, fingerprint, resource, status_code, response, created_at)
-    SELECT principal, key, fingerprint, resource, status_code, body, ts
+    INSERT INTO idempotency_keys (principal, key, fingerprint, resource, response, created_at)
+    SELECT principal, key, fingerprint, resource, body, ts
       FROM answered
      WHERE key IS NOT NULL
  RETURNING 1
 )
-SELECT cmd, body::text AS response, new_expires_at AS expires_at FROM answered
+SELECT cmd, new_expires_at AS expires_at FROM answered
 """
 
 
@@ -223,7 +219,7 @@ async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committ
         commands.append(_command_row(number, plan))
         events.append(_event_payloads(plan))
     rows = await conn.fetch(COMMIT_SQL, _json(commands), _json(event_rows(events)))
-    by_command = {row["cmd"]: Committed(row["response"], row["expires_at"]) for row in rows}
+    by_command = {row["cmd"]: Committed(row["expires_at"]) for row in rows}
     return [by_command.get(number) for number in range(1, len(plans) + 1)]
 
 
@@ -242,7 +238,7 @@ def _command_row(number: int, plan: AppendPlan) -> dict[str, Any]:
         "token": new.fencing_token, "ttl": new.ttl_ms,
         "ended_expires_at": None if granting else new.expires_at, "ended_by": new.ended_by,
         "principal": plan.idempotency.principal, "key": plan.idempotency.key,
-        "fingerprint": plan.idempotency.fingerprint.hex(), "status_code": plan.status_code,
+        "fingerprint": plan.idempotency.fingerprint.hex(),
         "response": plan.response, "metadata": plan.metadata,
         "acquires": any(event.type == LOCK_ACQUIRED for event in plan.events),
     }  # fmt: skip

@@ -130,13 +130,12 @@ class MemoryStore:
             new_state, now if acquired else (head.acquired_at if head is not None else None)
         )
         self.events.setdefault(resource, []).extend(events)
-        response = dict(plan.response)
-        if events[-1].type in GRANTING_EVENTS and new_state.expires_at is not None:
-            response[DEADLINE_FIELD] = format_timestamp(new_state.expires_at)
-        body = json.dumps(response, separators=(",", ":"))
         idempotency = plan.idempotency
         if idempotency.key is not None:
+            response = dict(plan.response)
+            if events[-1].type in GRANTING_EVENTS and new_state.expires_at is not None:
+                response[DEADLINE_FIELD] = format_timestamp(new_state.expires_at)
             self._keys[(idempotency.principal, idempotency.key)] = StoredOutcome(
-                idempotency.fingerprint, plan.status_code, body
+                idempotency.fingerprint, json.dumps(response)
             )
-        return Committed(body, new_state.expires_at)
+        return Committed(new_state.expires_at)

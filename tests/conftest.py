@@ -35,6 +35,7 @@ from service import tokens
 from service.config import Settings
 from service.database import create_pool
 from service.lock_service import LockService
+from service.outcomes import CommandResult, Granted
 
 TEST_DATABASE_URL_ENV = "LOCKLEDGER_TEST_DATABASE_URL"
 PROBLEM_JSON = "application/problem+json"
@@ -132,6 +133,12 @@ def unique_prefix() -> str:
 @pytest.fixture
 def resource(unique_prefix: str) -> str:
     return f"{unique_prefix}zone"
+
+
+def granted(result: CommandResult) -> Granted:
+    """The lease a command's result granted (fails the test if it granted none)."""
+    assert isinstance(result.outcome, Granted), result
+    return result.outcome
 
 
 def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:

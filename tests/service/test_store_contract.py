@@ -27,9 +27,11 @@ from service.database_guard import DatabaseGuard
 from service.idempotency import fingerprint
 from service.lock_service import CommandContext, LockService, append_plan
 from service.lock_store import AppendPlan, Idempotency
+from service.outcomes import Granted, Released
 from service.store import CommitConflict, LoadRequest, LockStore, MemoryStore, PostgresStore
 from service.store_adapters import InFlightOrdering, Remembering
 from service.waiters import Waiters
+from tests.conftest import granted
 
 SHORT_MS = 50  # a lease that lapses within the test
 BOUNDS = TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000)
@@ -97,9 +99,6 @@ async def test_a_grant_gets_its_deadline_from_the_store_clock(store_and_time: tu
     assert committed.expires_at <= after + timedelta(milliseconds=30_000)
     assert (held.version, held.status, held.owner, held.fencing_token) == (1, "held", "bot1", 1)
     assert held.expires_at == committed.expires_at
-    body = json.loads(committed.response)
-    assert body["expires_at"] == format_timestamp(committed.expires_at)
-    assert body["fencing_token"] == 1
 
 
 async def test_a_plan_on_a_moved_stream_writes_nothing(store_and_time: tuple[LockStore, Pass]) -> None:
@@ -143,8 +142,10 @@ async def test_a_key_keeps_the_answer_and_refuses_a_second_commit(
     assert committed is not None
     [snapshot] = await store.load([LoadRequest(resource, "agent", key)])
     assert snapshot.stored is not None
-    assert snapshot.stored.status_code == 201
-    assert snapshot.stored.response == committed.response  # the answer, byte for byte
+    stored = json.loads(snapshot.stored.response)  # the answer's fields, its deadline stamped in
+    assert committed.expires_at is not None
+    assert stored["expires_at"] == format_timestamp(committed.expires_at)
+    assert (stored["resource"], stored["fencing_token"]) == (resource, 1)
     other_state, now = await _load(store, other)
     with pytest.raises(CommitConflict):
         await store.commit([_plan(other_state, Acquire(other, "bot1", 30_000), now, key)])
@@ -183,17 +184,17 @@ async def test_the_use_case_runs_on_the_memory_store(adapted: bool) -> None:
     service = _service(store)
     ctx = CommandContext(principal="agent", idempotency_key="k1")
     acquired = await service.execute(Acquire("zone:A3", "bot1", 30_000), ctx)
-    assert acquired.status_code == 201
+    assert isinstance(acquired.outcome, Granted)
     replayed = await service.execute(Acquire("zone:A3", "bot1", 30_000), ctx)
     assert replayed.replayed
-    assert replayed.body == acquired.body
+    assert replayed.outcome == acquired.outcome
     with pytest.raises(LockHeld):
         await service.execute(Acquire("zone:A3", "bot2", 30_000), CommandContext())
-    token = json.loads(acquired.body)["fencing_token"]
+    token = granted(acquired).fencing_token
     renewed = await service.execute(Renew("zone:A3", "bot1", token), CommandContext())
-    assert renewed.status_code == 200
+    assert granted(renewed).expires_at >= granted(acquired).expires_at
     released = await service.execute(Release("zone:A3", "bot1", token), CommandContext())
-    assert json.loads(released.body)["released"] is True
+    assert isinstance(released.outcome, Released)
     assert [event.type for event in memory.events["zone:A3"]] == [
         "LOCK_ACQUIRED",
         "LOCK_RENEWED",

@@ -30,7 +30,9 @@ from service.config import Settings
 from service.database import create_pool
 from service.idempotency import purge_expired
 from service.lock_service import CommandContext, LockService
+from service.outcomes import ForceReleased, Granted
 from service.reaper import Reaper, expire_due
+from tests.conftest import granted
 
 if TYPE_CHECKING:
     from tests.conftest import ServerProcess
@@ -150,7 +152,7 @@ async def test_two_reapers_share_5000_expired_leases_exactly_once(
                         for r in resources[start : start + 250]
                     )
                 )
-                assert {r.status_code for r in results} == {201}
+                assert all(isinstance(r.outcome, Granted) for r in results)
         acquire_s = time.monotonic() - started
         async with admin_pool.acquire() as conn:
             assert await _held_count(conn, unique_prefix) == total
@@ -267,7 +269,7 @@ async def test_a_renew_that_commits_before_the_reaper_is_never_expired(
 
     async def race(plan: _Race) -> None:
         acquired = await service.execute(Acquire(plan.resource, "bot", plan.ttl_ms), CommandContext())
-        token = json.loads(acquired.body)["fencing_token"]
+        token = granted(acquired).fencing_token
 
         async def renew() -> _Outcome:
             await asyncio.sleep(plan.renew_after_s)
@@ -275,8 +277,7 @@ async def test_a_renew_that_commits_before_the_reaper_is_never_expired(
                 result = await service.execute(Renew(plan.resource, "bot", token, 60_000), CommandContext())
             except LeaseExpired:
                 return _Outcome(None, True)
-            assert result.status_code == 200
-            return _Outcome(datetime.fromisoformat(json.loads(result.body)["expires_at"]), False)
+            return _Outcome(granted(result).expires_at, False)
 
         async def reap() -> None:
             await asyncio.sleep(plan.reap_after_s)
@@ -375,7 +376,7 @@ async def test_purge_removes_keys_older_than_the_retention(
     ctx = CommandContext(principal=f"{resource}-principal", idempotency_key=f"{resource}-key")
     command = Acquire(resource, "bot1", 30_000)
     first = await lock_service.execute(command, ctx)
-    assert first.status_code == 201
+    assert isinstance(first.outcome, Granted)
     assert (await lock_service.execute(command, ctx)).replayed
 
     # The service role purges (it holds DELETE on idempotency_keys, and nothing more is needed).
@@ -437,7 +438,7 @@ async def test_a_command_decided_before_the_deadline_but_appended_after_it_sees_
     operator ended a lease that was still live."""
     service = LockService.on_pool(service_pool, TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000))
     acquired = await service.execute(Acquire(resource, "bot1", 300), CommandContext())
-    deadline = datetime.fromisoformat(json.loads(acquired.body)["expires_at"])
+    deadline = granted(acquired).expires_at
     commands: dict[str, Renew | Release | ForceRelease] = {
         "renew": Renew(resource, "bot1", 1),
         "release": Release(resource, "bot1", 1),
@@ -449,10 +450,11 @@ async def test_a_command_decided_before_the_deadline_but_appended_after_it_sees_
         assert blocked_at < deadline, "the command was not decided while the lease was live"
         await asyncio.sleep((deadline - blocked_at).total_seconds() + 0.05)
     if command == "force-release":
-        body = json.loads((await task).body)
+        outcome = (await task).outcome
         # Decided at the append: the lease had lapsed, so LOCK_EXPIRED. A reaper serving another test in
         # this database may have recorded that expiry first; then there is nothing left to end.
-        assert body.get("event") == LOCK_EXPIRED or body["released"] is False, body
+        assert isinstance(outcome, ForceReleased)
+        assert outcome.event == LOCK_EXPIRED or outcome.released is False, outcome
     else:
         with pytest.raises(LeaseExpired):
             await task

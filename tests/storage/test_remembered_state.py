@@ -21,8 +21,10 @@ from domain.decider import decide
 from domain.errors import DomainError, LeaseExpired, LockHeld
 from domain.resource import TtlBounds
 from service import lock_store
-from service.lock_service import CommandContext, CommandResult, LockService
+from service.lock_service import CommandContext, LockService
+from service.outcomes import CommandResult, Released
 from service.store_adapters import Remembering
+from tests.conftest import granted
 
 pytestmark = pytest.mark.storage
 
@@ -47,7 +49,7 @@ async def test_a_lease_this_process_granted_is_renewed_and_released_without_read
 ) -> None:
     service = _service(service_pool)
     acquired = await service.execute(Acquire(resource, "bot1", 30_000), CommandContext())
-    token = json.loads(acquired.body)["fencing_token"]
+    token = granted(acquired).fencing_token
     await service.execute(Renew(resource, "bot1", token, 60_000), CommandContext())
     await service.execute(Release(resource, "bot1", token), CommandContext())
     assert service.reads == 0  # a new stream guessed new, then the remembered lease
@@ -59,7 +61,7 @@ async def test_a_lease_this_process_granted_is_renewed_and_released_without_read
     released_at, renewed_until = (datetime.fromisoformat(str(events[i][1]["expires_at"])) for i in (2, 1))
     assert released_at == renewed_until
     again = await service.execute(Acquire(resource, "bot2", 30_000), CommandContext())
-    assert json.loads(again.body)["fencing_token"] == 4
+    assert granted(again).fencing_token == 4
     assert service.reads == 0
 
 
@@ -82,7 +84,7 @@ async def test_a_stale_memory_costs_a_read_and_never_a_wrong_answer(
     await second.execute(Acquire(resource, "bot2", 30_000), CommandContext())
     # From memory this release is another owner's (403); on a read it is bot2's own.
     released = await first.execute(Release(resource, "bot2", 3), CommandContext())
-    assert json.loads(released.body)["released"] is True
+    assert isinstance(released.outcome, Released)
     assert first.reads == 1
     # From memory the lock is free now; `second` takes it again, so the acquire is read and refused.
     await second.execute(Acquire(resource, "bot3", 30_000), CommandContext())
@@ -130,11 +132,11 @@ async def test_a_retried_key_replays_its_outcome_instead_of_deciding_from_memory
     first = await service.execute(acquire, CommandContext(idempotency_key="k-acquire"))
     # From memory the lock is held by bot1 now, which would refuse the acquire; the key's outcome wins.
     retried = await service.execute(acquire, CommandContext(idempotency_key="k-acquire"))
-    assert (retried.status_code, retried.body, retried.replayed) == (first.status_code, first.body, True)
-    release = Release(resource, "bot1", json.loads(first.body)["fencing_token"])
+    assert (retried.outcome, retried.replayed) == (first.outcome, True)
+    release = Release(resource, "bot1", granted(first).fencing_token)
     done = await service.execute(release, CommandContext(idempotency_key="k-release"))
     again = await _service(service_pool).execute(release, CommandContext(idempotency_key="k-release"))
-    assert (again.body, again.replayed) == (done.body, True)
+    assert (again.outcome, again.replayed) == (done.outcome, True)
     assert [t for t, _ in await _events(service_pool, resource)] == ["LOCK_ACQUIRED", "LOCK_RELEASED"]
 
 
@@ -178,7 +180,7 @@ async def test_concurrent_acquires_of_one_lock_wait_for_the_grant_instead_of_rac
             result = await service.execute(Acquire(resource, f"bot{i}", 30_000), CommandContext())
         except LockHeld as held:
             return f"held by {held.holder}"
-        return f"granted {json.loads(result.body)['fencing_token']}"
+        return f"granted {granted(result).fencing_token}"
 
     outcomes = await asyncio.gather(*(agent(i) for i in range(20)))
     assert outcomes[0] == "granted 1"
@@ -230,7 +232,7 @@ async def test_three_processes_with_their_own_memories_answer_as_a_fresh_read_wo
         if step.command == "retry" and last is not None:
             command, key, outcome = last
             replayed = await services[step.service].execute(command, CommandContext(idempotency_key=key))
-            assert (replayed.body, replayed.replayed) == (outcome.body, True)
+            assert (replayed.outcome, replayed.replayed) == (outcome.outcome, True)
             continue
         if step.command in ("acquire", "retry"):
             command = Acquire(resource, owner, 60_000)
@@ -249,6 +251,6 @@ async def test_three_processes_with_their_own_memories_answer_as_a_fresh_read_wo
         assert result.replayed is False
         appended = (await _events(service_pool, resource))[truth.state.version :]
         assert [t for t, _ in appended] == [event.type for event in expected]
-        assert json.loads(result.body)["fencing_token"] == appended[-1][1]["fencing_token"]
+        assert result.outcome.fencing_token == appended[-1][1]["fencing_token"]
         if step.key:
             last = (command, key, result)

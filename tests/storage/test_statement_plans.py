@@ -73,9 +73,8 @@ async def _three_rows_each(conn: Connection) -> None:
            SELECT 'zone:' || n, 1, 'LOCK_ACQUIRED', '{}', '\\x00' FROM generate_series(1, 3) n"""
     )
     await conn.execute(
-        """INSERT INTO idempotency_keys (principal, key, fingerprint, resource, status_code, response,
-                                         created_at)
-           SELECT 'agv-' || n, 'key-' || n, '\\x00', 'zone:' || n, 201, '{}', now()
+        """INSERT INTO idempotency_keys (principal, key, fingerprint, resource, response, created_at)
+           SELECT 'agv-' || n, 'key-' || n, '\\x00', 'zone:' || n, '{}', now()
              FROM generate_series(1, 3) n"""
     )
 
@@ -150,9 +149,8 @@ async def test_the_purge_is_planned_for_the_table_as_it_is(empty_tables: Connect
     sent = idempotency.PURGE_SQL.format(retention_s=3_600, batch=100)
     assert await conn.fetchval("SELECT count(*) FROM pg_prepared_statements WHERE statement = $1", sent) == 0
     await conn.execute(
-        """INSERT INTO idempotency_keys (principal, key, fingerprint, resource, status_code, response,
-                                         created_at)
-           SELECT 'agent', 'key-' || n, '\\x00', 'zone:A3', 200, '{}', now() - n * interval '1 second'
+        """INSERT INTO idempotency_keys (principal, key, fingerprint, resource, response, created_at)
+           SELECT 'agent', 'key-' || n, '\\x00', 'zone:A3', '{}', now() - n * interval '1 second'
              FROM generate_series(1, 50000) AS n"""
     )
     sql = idempotency.PURGE_SQL.format(retention_s=3_600, batch=5_000)

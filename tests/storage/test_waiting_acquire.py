@@ -5,7 +5,6 @@ has gone, and never breaking the lock's invariants under a crowd of waiters."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 import uuid
@@ -21,7 +20,8 @@ from domain.resource import TtlBounds
 from service.database_guard import UNREACHABLE
 from service.errors import Unavailable
 from service.lock_service import CommandContext, LockService
-from tests.conftest import ServerProcess, TestDatabase, assert_problem, frozen, running_server
+from service.outcomes import Granted
+from tests.conftest import ServerProcess, TestDatabase, assert_problem, frozen, granted, running_server
 
 pytestmark = pytest.mark.storage
 
@@ -49,9 +49,7 @@ async def following(service_pool: asyncpg.Pool) -> AsyncIterator[LockService]:
 
 async def _take(service: LockService, resource: str, owner: str, ttl_ms: int = 30_000) -> int:
     result = await service.execute(Acquire(resource, owner, ttl_ms), CommandContext())
-    assert result.status_code == 201
-    token: int = json.loads(result.body)["fencing_token"]
-    return token
+    return granted(result).fencing_token
 
 
 async def _events(pool: asyncpg.Pool, resource: str) -> list[tuple[str, str, int]]:
@@ -76,10 +74,9 @@ async def test_a_waiting_acquire_is_granted_when_the_holder_releases(
     # Released through this same service: woken by the release, within the guard, where the follower
     # (which would find the lock free at its next look) looks only once a minute.
     result = await asyncio.wait_for(waiting, GUARD_S)
-    assert result.status_code == 201
-    granted = json.loads(result.body)
-    assert granted["owner"] == "waiter"
-    assert granted["fencing_token"] > held
+    lease = granted(result)
+    assert lease.owner == "waiter"
+    assert lease.fencing_token > held
 
 
 async def test_a_release_through_another_process_wakes_the_waiter(
@@ -95,7 +92,7 @@ async def test_a_release_through_another_process_wakes_the_waiter(
     assert not waiting.done()
     await other_process.execute(Release(resource, "holder", held), CommandContext())
     result = await asyncio.wait_for(waiting, GUARD_S)
-    assert json.loads(result.body)["owner"] == "waiter"
+    assert granted(result).owner == "waiter"
 
 
 async def test_a_lapsed_lease_is_taken_over_without_the_reaper(
@@ -107,7 +104,7 @@ async def test_a_lapsed_lease_is_taken_over_without_the_reaper(
     result = await asyncio.wait_for(
         service.execute(Acquire(resource, "waiter", 30_000, wait_ms=10_000), CommandContext()), GUARD_S
     )
-    assert result.status_code == 201
+    assert isinstance(result.outcome, Granted)
     assert time.monotonic() - started > 0.3
     assert await _events(service_pool, resource) == [
         ("LOCK_ACQUIRED", "crashed", held),
@@ -146,12 +143,12 @@ async def test_waiters_in_one_process_are_served_in_arrival_order(
     service: LockService, service_pool: asyncpg.Pool, resource: str
 ) -> None:
     held = await _take(service, resource, "holder")
-    granted: list[str] = []
+    served: list[str] = []
 
     async def wait_then_hold(owner: str) -> None:
         result = await service.execute(Acquire(resource, owner, 30_000, wait_ms=15_000), CommandContext())
-        granted.append(owner)
-        token = json.loads(result.body)["fencing_token"]
+        served.append(owner)
+        token = granted(result).fencing_token
         await asyncio.sleep(0.02)
         await service.execute(Release(resource, owner, token), CommandContext())
 
@@ -161,7 +158,7 @@ async def test_waiters_in_one_process_are_served_in_arrival_order(
         await asyncio.sleep(0.05)  # a definite arrival order
     await service.execute(Release(resource, "holder", held), CommandContext())
     await asyncio.wait_for(asyncio.gather(*waiters), GUARD_S)
-    assert granted == [f"w{index}" for index in range(6)]
+    assert served == [f"w{index}" for index in range(6)]
     # A release wakes only the next in line (each waiter reads about twice: on arrival and on its turn);
     # waking them all to race would cost one read per waiter per release (26 here).
     assert service.reads < 3 * 6
@@ -170,7 +167,7 @@ async def test_waiters_in_one_process_are_served_in_arrival_order(
         for kind, owner, token in await _events(service_pool, resource)
         if kind == "LOCK_ACQUIRED"
     ]
-    assert [owner for owner, _ in acquired] == ["holder", *granted]
+    assert [owner for owner, _ in acquired] == ["holder", *served]
     tokens = [token for _, token in acquired]
     assert tokens == sorted(set(tokens))  # strictly increasing
 
@@ -210,7 +207,7 @@ async def test_retries_of_one_waiting_acquire_take_one_lease(service: LockServic
     await asyncio.sleep(0.1)
     await service.execute(Release(resource, "holder", held), CommandContext())
     results = await asyncio.wait_for(asyncio.gather(first, retry), GUARD_S)
-    assert results[0].body == results[1].body
+    assert results[0].outcome == results[1].outcome
     assert sorted(r.replayed for r in results) == [False, True]
 
 
@@ -237,7 +234,7 @@ async def test_a_crowd_of_waiters_keeps_one_holder_and_increasing_tokens(
         for cycle in range(CYCLES_PER_AGENT):
             resource = resources[(index + cycle) % RESOURCES]
             result = await service.execute(Acquire(resource, owner, 30_000, wait_ms=30_000), CommandContext())
-            token = json.loads(result.body)["fencing_token"]
+            token = granted(result).fencing_token
             if holders[resource] is not None:
                 overlaps.append(f"{owner} and {holders[resource]} on {resource}")
             holders[resource] = owner
@@ -286,10 +283,10 @@ async def test_http_acquire_waits_for_the_release(http: httpx.AsyncClient, resou
         f"/v1/locks/{resource}/release", json={"owner": "holder", "fencing_token": token}
     )
     assert released.status_code == 200
-    granted = await asyncio.wait_for(waiting, GUARD_S)
-    assert granted.status_code == 201
-    assert granted.json()["owner"] == "waiter"
-    assert granted.json()["fencing_token"] > token
+    answer = await asyncio.wait_for(waiting, GUARD_S)
+    assert answer.status_code == 201
+    assert answer.json()["owner"] == "waiter"
+    assert answer.json()["fencing_token"] > token
 
 
 async def test_http_wait_that_runs_out_is_409(http: httpx.AsyncClient, resource: str) -> None:
@@ -346,9 +343,9 @@ async def test_a_wait_that_runs_out_decides_once_more(service: LockService, reso
     nothing woke the waiter (this service's follower looks once a minute)."""
     held = await _take(service, resource, "crashed", ttl_ms=600)
     result = await service.execute(Acquire(resource, "waiter", 30_000, wait_ms=1_000), CommandContext())
-    granted = json.loads(result.body)
-    assert granted["owner"] == "waiter"
-    assert granted["fencing_token"] == held + 2  # after the LOCK_EXPIRED its own acquire appended
+    lease = granted(result)
+    assert lease.owner == "waiter"
+    assert lease.fencing_token == held + 2  # after the LOCK_EXPIRED its own acquire appended
 
 
 async def test_a_database_gone_during_the_wait_is_503_not_a_stale_holder(
