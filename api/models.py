@@ -154,6 +154,55 @@ class History(BaseModel):
     next_after_version: int | None
 
 
+class ReplayLease(BaseModel):
+    resource: str
+    owner: str
+    fencing_token: int
+    acquired_at: Timestamp
+    expires_at: Timestamp = Field(description="The deadline as known at the instant: the last grant's.")
+
+
+class ReplayState(BaseModel):
+    at: Timestamp
+    position: int = Field(
+        description="Global position of the last event recorded at or before `at` (0: none)."
+    )
+    locks: list[ReplayLease]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+class Change(BaseModel):
+    at: Timestamp = Field(
+        description="When the event was recorded, or when the lapsed lease's deadline passed."
+    )
+    type: str = Field(description="The event type, or `LEASE_LAPSED` for a deadline that passed unrecorded.")
+    resource: str
+    owner: str | None
+    fencing_token: int | None
+    position: int | None = Field(description="null for `LEASE_LAPSED`, which no event records (yet).")
+    version: int | None
+    data: Annotated[dict[str, Any], PlainSerializer(_event_data, when_used="json")]
+
+
+class Changes(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    from_: Timestamp = Field(alias="from")
+    to: Timestamp
+    changes: list[Change]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+class AgentEvent(HistoryEvent):
+    resource: str
+
+
+class AgentHistory(BaseModel):
+    owner: str
+    events: list[AgentEvent]
+    next_after_position: int | None
+
+
 class Problem(BaseModel):
     """RFC 9457 problem details; ``code`` is stable and machine-readable."""
 

@@ -1,10 +1,11 @@
-"""Query endpoints for dashboards: current locks, one lock, a lock's history."""
+"""Query endpoints for dashboards: current locks, one lock, a lock's history (for investigators)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from pydantic import AwareDatetime
 
 from api.auth import require
 from api.dependencies import ResourcePath
@@ -12,7 +13,7 @@ from api.models import History, HistoryEvent, LockInfo, LockList
 from api.request_checks import StrictRoute
 from domain.access import Action
 from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
-from projections import queries
+from projections import queries, replay
 
 router = APIRouter(prefix="/v1/locks", tags=["queries"], route_class=StrictRoute)
 
@@ -65,11 +66,16 @@ async def history(
     # A bigint: larger is a 422, not a 500. `lt=2**63`, not `le=2**63 - 1`: FastAPI holds OpenAPI bounds
     # as floats, and only the power of two survives that exactly.
     after_version: Annotated[int, Query(ge=0, lt=2**63)] = 0,
+    start: Annotated[AwareDatetime | None, Query(alias="from", description="Inclusive, RFC 3339.")] = None,
+    end: Annotated[AwareDatetime | None, Query(alias="to", description="Exclusive, RFC 3339.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> History:
-    """The resource's events in order; page with `after_version`."""
+    """The resource's events in order, recorded between `from` and `to` if given; page with
+    `after_version`."""
     async with request.app.state.read_pool.acquire() as conn:
-        entries = await queries.history(conn, resource, after_version=after_version, limit=limit)
-    items = [HistoryEvent(**e.as_json()) for e in entries]
+        found = await replay.resource_history(
+            conn, resource, after_version=after_version, start=start, end=end, limit=limit
+        )
+    items = [HistoryEvent.model_validate(event, from_attributes=True) for event in found]
     next_after = items[-1].version if len(items) == limit else None
     return History(resource=resource, events=items, next_after_version=next_after)

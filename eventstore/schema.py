@@ -60,4 +60,19 @@ events = Table(
     UniqueConstraint("stream_id", "stream_version", name="events_stream_version_key"),
     UniqueConstraint("event_id", name="events_event_id_key"),
     Index("events_recorded_at_idx", "recorded_at"),
+    # Replay (projections/replay.py): the span each grant keeps its lease for, unless ended sooner; one
+    # agent's events; the acquire that began a lease. event_deadline() is the migration's (0005).
+    Index(
+        "events_lease_span_idx",
+        text("tstzrange(recorded_at, event_deadline(data))"),
+        postgresql_using="gist",
+        postgresql_where=text("event_type IN ('LOCK_ACQUIRED', 'LOCK_RENEWED')"),
+    ),
+    Index("events_owner_idx", text("(data ->> 'owner')"), "position"),
+    Index(
+        "events_lease_start_idx",
+        "stream_id",
+        text("((data ->> 'fencing_token')::bigint)"),
+        postgresql_where=text("event_type = 'LOCK_ACQUIRED'"),
+    ),
 )

@@ -1,8 +1,7 @@
-"""Read-side queries for dashboards: one lock, current locks with filters, and a lock's history."""
+"""Read-side queries for dashboards: one lock, and current locks with filters."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -12,7 +11,6 @@ from sqlalchemy import and_, func, select
 
 from domain.state import is_expired
 from eventstore.connection import Connection
-from eventstore.schema import events
 from projections.schema import lock_state
 from projections.sql import compile_query
 
@@ -127,57 +125,3 @@ async def list_locks(
     items = [_view(row, row["db_now"]) for row in rows[:limit]]
     next_cursor = items[-1].resource if len(rows) > limit else None
     return LockPage(items, next_cursor)
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryEntry:
-    position: int
-    version: int
-    event_id: str
-    type: str
-    data: dict[str, Any]
-    metadata: dict[str, Any]
-    recorded_at: datetime
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "position": self.position,
-            "version": self.version,
-            "event_id": self.event_id,
-            "type": self.type,
-            "data": self.data,
-            "metadata": self.metadata,
-            "recorded_at": self.recorded_at,
-        }
-
-
-async def history(
-    conn: Connection, resource: str, *, after_version: int = 0, limit: int = 100
-) -> list[HistoryEntry]:
-    sql, params = compile_query(
-        select(
-            events.c.position,
-            events.c.stream_version,
-            events.c.event_id,
-            events.c.event_type,
-            events.c.data,
-            events.c.metadata,
-            events.c.recorded_at,
-        )
-        .where(and_(events.c.stream_id == resource, events.c.stream_version > after_version))
-        .order_by(events.c.stream_version)
-        .limit(limit)
-    )
-    rows = await conn.fetch(sql, *params)
-    return [
-        HistoryEntry(
-            position=row["position"],
-            version=row["stream_version"],
-            event_id=str(row["event_id"]),
-            type=row["event_type"],
-            data=json.loads(row["data"]),
-            metadata=json.loads(row["metadata"]),
-            recorded_at=row["recorded_at"],
-        )
-        for row in rows
-    ]

@@ -55,6 +55,7 @@ def _differences(connection: Connection) -> list[Any]:
         # "Did not recognize type 'xid8'" and "expression compare cannot proceed": see the module docstring.
         warnings.filterwarnings("ignore", message=r"Did not recognize type 'xid8'")
         warnings.filterwarnings("ignore", message=r".*text_pattern_ops.*")
+        warnings.filterwarnings("ignore", message=r".*expression-based index.*")
         return list(compare_metadata(context, metadata))
 
 
@@ -114,8 +115,10 @@ def _migrated_and_declared(connection: Connection) -> tuple[dict[str, Any], dict
     try:
         migrated = _catalog(connection, "public")
         connection.exec_driver_sql(f"CREATE SCHEMA {SCRATCH}")
-        connection.exec_driver_sql(f"SET LOCAL search_path TO {SCRATCH}")
-        metadata.create_all(connection)
+        # public stays on the path for the migration's functions that index expressions call; tables are
+        # created in the scratch schema, first on the path, without looking for the public ones.
+        connection.exec_driver_sql(f"SET LOCAL search_path TO {SCRATCH}, public")
+        metadata.create_all(connection, checkfirst=False)
         declared = _catalog(connection, SCRATCH)
     finally:
         connection.rollback()

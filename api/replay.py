@@ -1,0 +1,139 @@
+"""Endpoints for incident investigators: the fleet at a past instant, what changed, timelines, export.
+
+All read the log through the read pool (``LOCKLEDGER_READ_DATABASE_URL``: a replica can serve them), and
+need the investigator or admin role. Instants are RFC 3339 with an offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
+from pydantic import AwareDatetime
+
+from api.auth import require
+from api.models import AgentEvent, AgentHistory, Change, Changes, ReplayLease, ReplayState
+from api.request_checks import StrictRoute
+from domain.access import Action
+from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
+from projections import replay
+
+router = APIRouter(
+    tags=["replay"], route_class=StrictRoute, dependencies=[Depends(require(Action.READ_HISTORY))]
+)
+
+Instant = Annotated[AwareDatetime, Query(description="RFC 3339 with an offset, e.g. 2026-05-05T14:02:07Z.")]
+Prefix = Annotated[str | None, Query(pattern=r"^[A-Za-z0-9._:\-]{0,200}$", description="Resource prefix.")]
+Owner = Annotated[str | None, Query(pattern=OWNER_PATTERN, max_length=200, description="Lease owner.")]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+AfterPosition = Annotated[int, Query(ge=0, lt=2**63, description="Resume after this global position.")]
+
+
+def _invalid(field: str, message: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": ("query", field), "msg": message, "type": "value_error"}])
+
+
+@router.get("/v1/replay/state", response_model=ReplayState)
+async def state(
+    request: Request,
+    at: Instant,
+    prefix: Prefix = None,
+    owner: Owner = None,
+    cursor: Annotated[str | None, Query(pattern=RESOURCE_PATTERN, max_length=200)] = None,
+    limit: Limit = 100,
+) -> ReplayState:
+    """Every lease live at `at`, by resource: its holder, fencing token, when it was acquired and the
+    deadline as known at that instant. A lease whose deadline had passed is not live, whether or not its
+    `LOCK_EXPIRED` was recorded yet."""
+    async with request.app.state.read_pool.acquire() as conn:
+        try:
+            found = await replay.state_at(conn, at, prefix=prefix, owner=owner, cursor=cursor, limit=limit)
+        except replay.FutureInstant as error:
+            raise _invalid("at", str(error)) from error
+    locks = [ReplayLease.model_validate(lease, from_attributes=True) for lease in found.locks]
+    return ReplayState(at=found.at, position=found.position, locks=locks, next_cursor=found.next_cursor)
+
+
+@router.get("/v1/replay/changes", response_model=Changes, response_model_by_alias=True)
+async def changes(
+    request: Request,
+    start: Annotated[
+        AwareDatetime, Query(alias="from", description="Exclusive: the state at `from` is the base.")
+    ],
+    to: Annotated[AwareDatetime, Query(description="Inclusive.")],
+    prefix: Prefix = None,
+    owner: Owner = None,
+    cursor: Annotated[str | None, Query(max_length=300)] = None,
+    limit: Limit = 100,
+) -> Changes:
+    """What changed after `from` up to `to`, in time order: the events recorded, and the leases whose
+    deadline passed with nothing recorded for them yet (`LEASE_LAPSED`)."""
+    if to < start:
+        raise _invalid("to", "`to` is before `from`")
+    if cursor is not None:
+        try:
+            replay.parse_change_cursor(cursor)
+        except ValueError as error:
+            raise _invalid("cursor", "not a cursor this endpoint returned") from error
+    async with request.app.state.read_pool.acquire() as conn:
+        page = await replay.changes(conn, start, to, prefix=prefix, owner=owner, cursor=cursor, limit=limit)
+    items = [Change.model_validate(change, from_attributes=True) for change in page.changes]
+    return Changes(from_=start, to=to, changes=items, next_cursor=page.next_cursor)
+
+
+@router.get("/v1/agents/{owner}/history", response_model=AgentHistory)
+async def agent_history(
+    request: Request,
+    owner: Annotated[str, Path(pattern=OWNER_PATTERN, max_length=200)],
+    start: Annotated[AwareDatetime | None, Query(alias="from", description="Inclusive.")] = None,
+    end: Annotated[AwareDatetime | None, Query(alias="to", description="Exclusive.")] = None,
+    after_position: AfterPosition = 0,
+    limit: Limit = 100,
+) -> AgentHistory:
+    """One agent's events across every resource, in log order; page with `after_position`."""
+    async with request.app.state.read_pool.acquire() as conn:
+        found = await replay.agent_history(
+            conn, owner, after_position=after_position, start=start, end=end, limit=limit
+        )
+    items = [AgentEvent.model_validate(event, from_attributes=True) for event in found]
+    next_after = items[-1].position if len(items) == limit else None
+    return AgentHistory(owner=owner, events=items, next_after_position=next_after)
+
+
+@router.get(
+    "/v1/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}, "description": "One event per line."}},
+)
+async def export(
+    request: Request,
+    start: Annotated[AwareDatetime | None, Query(alias="from", description="Inclusive.")] = None,
+    end: Annotated[AwareDatetime | None, Query(alias="to", description="Exclusive.")] = None,
+    after_position: AfterPosition = 0,
+    type: Annotated[str | None, Query(pattern=r"^[A-Z_]{1,64}$", description="Event type.")] = None,
+    owner: Owner = None,
+    prefix: Prefix = None,
+) -> StreamingResponse:
+    """The log as NDJSON, one event per line (position, stream, version, event_id, type, data, metadata,
+    recorded_at, hash), in position order and constant memory. A broken download resumes with
+    `after_position` set to the last position received."""
+    pool = request.app.state.read_pool
+
+    async def lines() -> AsyncIterator[bytes]:
+        async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            batch: list[str] = []
+            async for line in replay.export_lines(
+                conn, after_position=after_position, start=start, end=end, event_type=type, owner=owner,
+                prefix=prefix,
+            ):  # fmt: skip
+                batch.append(line)
+                if len(batch) == 500:
+                    yield ("\n".join(batch) + "\n").encode()
+                    batch.clear()
+            if batch:
+                yield ("\n".join(batch) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")

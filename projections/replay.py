@@ -1,0 +1,305 @@
+"""Replay: the fleet's leases at any past instant, what changed between two instants, timelines, export.
+
+Everything here reads the events table alone, through indexes derived from it (migration 0005):
+
+- A grant (``LOCK_ACQUIRED`` or ``LOCK_RENEWED``) keeps its lease over ``[recorded_at, deadline)`` unless
+  the stream's next event ends or renews it sooner. So the leases live at T are the grants whose span
+  contains T (a GiST index on that span) and whose stream has no later event recorded at or before T. The
+  deadline passing ends a lease whether or not its ``LOCK_EXPIRED`` was recorded yet, as in the decider.
+- Within a stream, events are recorded in version order (each append locks the stream's head and reads
+  the clock after), which is what lets "the next event" be the one at version + 1.
+
+Times are half-open ``[from, to)`` for timelines and export; ``changes`` covers ``(from, to]``, so the state
+at ``to`` is the state at ``from`` with the changes applied.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from domain.events import GRANTING_EVENTS, LOCK_ACQUIRED
+from domain.timestamps import SQL_TIMESTAMP_FORMAT
+from eventstore.connection import Connection
+
+LEASE_LAPSED = "LEASE_LAPSED"  # a change with no event: a deadline passed and nothing was recorded yet
+
+_GRANTS = ", ".join(f"'{name}'" for name in sorted(GRANTING_EVENTS))
+_SPAN = "tstzrange(g.recorded_at, event_deadline(g.data))"  # as indexed by events_lease_span_idx
+
+
+def _no_event_after(grant: str, instant: str) -> str:
+    """SQL: ``grant``'s stream recorded nothing after it, at or before ``instant``."""
+    return f"""NOT EXISTS (
+        SELECT 1 FROM events n
+         WHERE n.stream_id = {grant}.stream_id AND n.stream_version = {grant}.stream_version + 1
+           AND n.recorded_at <= {instant})"""
+
+
+def _filters(alias: str, prefix: str, owner: str) -> str:
+    return f"""({prefix}::text IS NULL OR starts_with({alias}.stream_id, {prefix}))
+       AND ({owner}::text IS NULL OR {alias}.data ->> 'owner' = {owner})"""
+
+
+# The clock (a future instant is refused), the position of the last event recorded at or before $1, and
+# the leases live at $1. Positions are drawn in the statement that reads the clock for recorded_at, so the
+# newest position at or before T is among the events of the last minute before T, if there are any.
+STATE_SQL = """
+SELECT clock_timestamp() AS db_now,
+       coalesce(
+         (SELECT max(position) FROM events
+           WHERE recorded_at > $1::timestamptz - interval '1 minute' AND recorded_at <= $1),
+         (SELECT position FROM events WHERE recorded_at <= $1 ORDER BY recorded_at DESC, position DESC
+           LIMIT 1),
+         0) AS position
+"""
+
+LIVE_SQL = f"""
+SELECT g.stream_id AS resource, g.data ->> 'owner' AS owner,
+       (g.data ->> 'fencing_token')::bigint AS fencing_token, event_deadline(g.data) AS expires_at,
+       CASE WHEN g.event_type = '{LOCK_ACQUIRED}' THEN g.recorded_at ELSE (
+            SELECT a.recorded_at FROM events a
+             WHERE a.stream_id = g.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
+               AND (a.data ->> 'fencing_token')::bigint = (g.data ->> 'fencing_token')::bigint
+             LIMIT 1) END AS acquired_at
+  FROM events g
+ WHERE g.event_type IN ({_GRANTS}) AND {_SPAN} @> $1::timestamptz
+   AND {_filters("g", "$2", "$3")}
+   AND ($4::text IS NULL OR g.stream_id > $4)
+   AND {_no_event_after("g", "$1")}
+ ORDER BY g.stream_id
+ LIMIT $5
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LiveLease:
+    resource: str
+    owner: str
+    fencing_token: int
+    acquired_at: datetime
+    expires_at: datetime  # the deadline as known at the instant asked about
+
+
+@dataclass(frozen=True, slots=True)
+class StateAt:
+    at: datetime
+    position: int  # the last event recorded at or before ``at`` (0: none)
+    locks: list[LiveLease]
+    next_cursor: str | None
+
+
+class FutureInstant(ValueError):
+    """The instant asked about has not happened yet by the database clock."""
+
+
+async def state_at(
+    conn: Connection,
+    at: datetime,
+    *,
+    prefix: str | None = None,
+    owner: str | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> StateAt:
+    """Every lease live at ``at``, by resource, a page of ``limit`` after ``cursor`` (a resource)."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):  # one snapshot for both
+        head = await conn.fetchrow(STATE_SQL, at)
+        assert head is not None
+        if at > head["db_now"]:
+            raise FutureInstant(
+                f"{at.isoformat()} is in the future (the database clock reads "
+                f"{head['db_now'].isoformat()}); replay answers for past instants"
+            )
+        rows = await conn.fetch(LIVE_SQL, at, prefix, owner, cursor, limit + 1)
+    locks = [
+        LiveLease(r["resource"], r["owner"], r["fencing_token"], r["acquired_at"], r["expires_at"])
+        for r in rows[:limit]
+    ]
+    next_cursor = locks[-1].resource if len(rows) > limit else None
+    return StateAt(at, head["position"], locks, next_cursor)
+
+
+# Events recorded in ($1, $2], and the leases whose deadline passed in ($1, $2] with nothing recorded for
+# them by $2, in time order; a page after the cursor (at, position or the largest bigint for a lapse,
+# resource).
+CHANGES_SQL = f"""
+SELECT * FROM (
+    SELECT e.recorded_at AS at, e.event_type AS type, e.stream_id AS resource, e.data ->> 'owner' AS owner,
+           (e.data ->> 'fencing_token')::bigint AS fencing_token, e.position, e.stream_version AS version,
+           e.data::text AS data, e.position AS sort_position
+      FROM events e
+     WHERE e.recorded_at > $1 AND e.recorded_at <= $2 AND {_filters("e", "$3", "$4")}
+    UNION ALL
+    SELECT event_deadline(g.data), '{LEASE_LAPSED}', g.stream_id, g.data ->> 'owner',
+           (g.data ->> 'fencing_token')::bigint, NULL, NULL, g.data::text, 9223372036854775807
+      FROM events g
+     WHERE g.event_type IN ({_GRANTS}) AND {_SPAN} && tstzrange($1, $2, '(]')
+       AND event_deadline(g.data) > $1 AND event_deadline(g.data) <= $2
+       AND {_filters("g", "$3", "$4")}
+       AND {_no_event_after("g", "$2")}
+) AS c
+ WHERE $5::timestamptz IS NULL OR (c.at, c.sort_position, c.resource) > ($5, $6::bigint, $7::text)
+ ORDER BY c.at, c.sort_position, c.resource
+ LIMIT $8
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    at: datetime
+    type: str
+    resource: str
+    owner: str | None
+    fencing_token: int | None
+    position: int | None  # None for LEASE_LAPSED, which no event records
+    version: int | None
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePage:
+    changes: list[Change]
+    next_cursor: str | None
+
+
+_LAPSE_SORT = 2**63 - 1
+
+
+def _change_cursor(change: Change) -> str:
+    position = change.position if change.position is not None else _LAPSE_SORT
+    return f"{change.at.isoformat()}|{position}|{change.resource}"
+
+
+def parse_change_cursor(cursor: str) -> tuple[datetime, int, str]:
+    """The (instant, position, resource) a changes cursor stands for; ValueError if it is not one."""
+    at, position, resource = cursor.split("|", 2)
+    return datetime.fromisoformat(at), int(position), resource
+
+
+async def changes(
+    conn: Connection,
+    start: datetime,
+    end: datetime,
+    *,
+    prefix: str | None = None,
+    owner: str | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> ChangePage:
+    """What changed after ``start`` up to ``end``: the events, and the leases that lapsed unrecorded."""
+    after = parse_change_cursor(cursor) if cursor is not None else (None, None, None)
+    rows = await conn.fetch(CHANGES_SQL, start, end, prefix, owner, *after, limit + 1)
+    items = [
+        Change(
+            r["at"], r["type"], r["resource"], r["owner"], r["fencing_token"], r["position"],
+            r["version"], json.loads(r["data"]),
+        )
+        for r in rows[:limit]
+    ]  # fmt: skip
+    return ChangePage(items, _change_cursor(items[-1]) if len(rows) > limit else None)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    position: int
+    resource: str
+    version: int
+    event_id: str
+    type: str
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    recorded_at: datetime
+
+
+_EVENT_COLUMNS = """position, stream_id, stream_version, event_id::text AS event_id, event_type,
+       data::text AS data, metadata::text AS metadata, recorded_at"""
+
+
+def _logged(row: Any) -> LoggedEvent:
+    return LoggedEvent(
+        row["position"], row["stream_id"], row["stream_version"], row["event_id"], row["event_type"],
+        json.loads(row["data"]), json.loads(row["metadata"]), row["recorded_at"],
+    )  # fmt: skip
+
+
+RESOURCE_HISTORY_SQL = f"""
+SELECT {_EVENT_COLUMNS} FROM events
+ WHERE stream_id = $1 AND stream_version > $2
+   AND ($3::timestamptz IS NULL OR recorded_at >= $3) AND ($4::timestamptz IS NULL OR recorded_at < $4)
+ ORDER BY stream_version
+ LIMIT $5
+"""
+
+AGENT_HISTORY_SQL = f"""
+SELECT {_EVENT_COLUMNS} FROM events
+ WHERE data ->> 'owner' = $1 AND position > $2
+   AND ($3::timestamptz IS NULL OR recorded_at >= $3) AND ($4::timestamptz IS NULL OR recorded_at < $4)
+ ORDER BY position
+ LIMIT $5
+"""
+
+
+async def resource_history(
+    conn: Connection,
+    resource: str,
+    *,
+    after_version: int = 0,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    limit: int = 100,
+) -> list[LoggedEvent]:
+    """One resource's events in version order, after ``after_version``, recorded in ``[start, end)``."""
+    rows = await conn.fetch(RESOURCE_HISTORY_SQL, resource, after_version, start, end, limit)
+    return [_logged(row) for row in rows]
+
+
+async def agent_history(
+    conn: Connection,
+    owner: str,
+    *,
+    after_position: int = 0,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    limit: int = 100,
+) -> list[LoggedEvent]:
+    """One agent's events across every resource, in log order, recorded in ``[start, end)``."""
+    rows = await conn.fetch(AGENT_HISTORY_SQL, owner, after_position, start, end, limit)
+    return [_logged(row) for row in rows]
+
+
+# One NDJSON line per event, written by PostgreSQL: the export never parses and re-encodes a payload.
+EXPORT_SQL = f"""
+SELECT json_build_object(
+         'position', position, 'stream', stream_id, 'version', stream_version, 'event_id', event_id,
+         'type', event_type, 'data', data, 'metadata', metadata,
+         'recorded_at', to_char(recorded_at AT TIME ZONE 'UTC', '{SQL_TIMESTAMP_FORMAT}'),
+         'hash', encode(hash, 'hex'))::text AS line
+  FROM events
+ WHERE position > $1
+   AND ($2::timestamptz IS NULL OR recorded_at >= $2) AND ($3::timestamptz IS NULL OR recorded_at < $3)
+   AND ($4::text IS NULL OR event_type = $4)
+   AND {_filters("events", "$5", "$6")}
+ ORDER BY position
+"""
+
+
+async def export_lines(
+    conn: Connection,
+    *,
+    after_position: int = 0,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    event_type: str | None = None,
+    owner: str | None = None,
+    prefix: str | None = None,
+    prefetch: int = 2_000,
+) -> AsyncIterator[str]:
+    """The matching events as JSON lines, in position order, through a server-side cursor: memory stays
+    flat whatever the range. Needs a transaction on ``conn`` for as long as it is iterated."""
+    args = (after_position, start, end, event_type, prefix, owner)
+    async for row in conn.cursor(EXPORT_SQL, *args, prefetch=prefetch):
+        yield row["line"]

@@ -1,0 +1,141 @@
+"""The replay endpoints over HTTP against a real server: state at an instant, changes, timelines, export."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from domain.access import Role
+from tests.conftest import IssueToken, ServerProcess, assert_problem
+
+pytestmark = pytest.mark.storage
+
+
+async def _db_now(admin_pool: asyncpg.Pool) -> datetime:
+    now: datetime = await admin_pool.fetchval("SELECT clock_timestamp()")
+    return now
+
+
+async def _acquire(
+    http: httpx.AsyncClient, resource: str, owner: str, ttl_ms: int = 30_000
+) -> dict[str, Any]:
+    answer = await http.post(f"/v1/locks/{resource}/acquire", json={"owner": owner, "ttl_ms": ttl_ms})
+    assert answer.status_code == 201, answer.text
+    return dict(answer.json())
+
+
+async def test_state_at_an_instant_shows_the_lease_then_and_not_before_or_after(
+    http: httpx.AsyncClient, admin_pool: asyncpg.Pool, unique_prefix: str
+) -> None:
+    resource = f"{unique_prefix}zone:A3"
+    before = await _db_now(admin_pool)
+    lease = await _acquire(http, resource, "agv-17")
+    renewed = await http.post(
+        f"/v1/locks/{resource}/renew", json={"owner": "agv-17", "fencing_token": lease["fencing_token"]}
+    )
+    assert renewed.status_code == 200
+    held = await _db_now(admin_pool)
+    released = await http.post(
+        f"/v1/locks/{resource}/release", json={"owner": "agv-17", "fencing_token": lease["fencing_token"]}
+    )
+    assert released.status_code == 200
+    after = await _db_now(admin_pool)
+
+    async def state(at: datetime) -> dict[str, Any]:
+        answer = await http.get("/v1/replay/state", params={"at": at.isoformat(), "prefix": unique_prefix})
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    assert (await state(before))["locks"] == []
+    during = await state(held)
+    assert [(lock["resource"], lock["owner"], lock["fencing_token"]) for lock in during["locks"]] == [
+        (resource, "agv-17", lease["fencing_token"])
+    ]
+    assert during["locks"][0]["expires_at"] == renewed.json()["expires_at"]  # the deadline known then
+    assert during["locks"][0]["acquired_at"] <= during["locks"][0]["expires_at"]
+    assert during["position"] > 0
+    assert (await state(after))["locks"] == []
+
+
+async def test_a_future_instant_is_refused(http: httpx.AsyncClient, admin_pool: asyncpg.Pool) -> None:
+    future = await _db_now(admin_pool) + timedelta(hours=1)
+    answer = await http.get("/v1/replay/state", params={"at": future.isoformat()})
+    problem = assert_problem(answer, 422, "validation_error")
+    assert "future" in json.dumps(problem)
+    naive = await http.get("/v1/replay/state", params={"at": "2026-05-05T14:02:07"})
+    assert_problem(naive, 422, "validation_error")
+
+
+async def test_changes_list_events_and_unrecorded_lapses_in_time_order(
+    http: httpx.AsyncClient, admin_pool: asyncpg.Pool, unique_prefix: str
+) -> None:
+    start = await _db_now(admin_pool)
+    short = f"{unique_prefix}pallet:42"
+    kept = f"{unique_prefix}zone:B1"
+    await _acquire(http, short, "agv-1", ttl_ms=1_000)
+    await _acquire(http, kept, "agv-2")
+    await asyncio.sleep(1.2)
+    end = await _db_now(admin_pool)
+    answer = await http.get(
+        "/v1/replay/changes",
+        params={"from": start.isoformat(), "to": end.isoformat(), "prefix": unique_prefix},
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    kinds = [(c["type"], c["resource"]) for c in body["changes"]]
+    # The short lease lapsed; whether the reaper recorded LOCK_EXPIRED before `end` decides which shows.
+    assert kinds[:2] == [("LOCK_ACQUIRED", short), ("LOCK_ACQUIRED", kept)]
+    assert kinds[2:] in ([("LEASE_LAPSED", short)], [("LOCK_EXPIRED", short)])
+    ats = [c["at"] for c in body["changes"]]
+    assert ats == sorted(ats)
+
+
+async def test_agent_history_and_resource_history_by_time(
+    http: httpx.AsyncClient, admin_pool: asyncpg.Pool, unique_prefix: str
+) -> None:
+    agent = f"agv-{unique_prefix[:-1]}"
+    first, second = f"{unique_prefix}a", f"{unique_prefix}b"
+    await _acquire(http, first, agent)
+    middle = await _db_now(admin_pool)
+    await _acquire(http, second, agent)
+    everything = await http.get(f"/v1/agents/{agent}/history")
+    assert [e["resource"] for e in everything.json()["events"]] == [first, second]
+    later = await http.get(f"/v1/agents/{agent}/history", params={"from": middle.isoformat()})
+    assert [e["resource"] for e in later.json()["events"]] == [second]
+    timeline = await http.get(f"/v1/locks/{first}/history", params={"to": middle.isoformat()})
+    assert [e["type"] for e in timeline.json()["events"]] == ["LOCK_ACQUIRED"]
+    none = await http.get(f"/v1/locks/{first}/history", params={"from": middle.isoformat()})
+    assert none.json()["events"] == []
+
+
+async def test_export_streams_ndjson_and_resumes(http: httpx.AsyncClient, unique_prefix: str) -> None:
+    for index in range(5):
+        await _acquire(http, f"{unique_prefix}r{index}", "agv-x")
+    async with http.stream("GET", "/v1/events", params={"prefix": unique_prefix}) as answer:
+        assert answer.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) async for line in answer.aiter_lines() if line]
+    assert [line["stream"] for line in lines] == [f"{unique_prefix}r{i}" for i in range(5)]
+    positions = [line["position"] for line in lines]
+    assert positions == sorted(positions)
+    assert set(lines[0]) >= {"position", "stream", "version", "type", "data", "recorded_at", "hash"}
+    resumed = await http.get("/v1/events", params={"prefix": unique_prefix, "after_position": positions[1]})
+    assert [json.loads(line)["position"] for line in resumed.text.splitlines()] == positions[2:]
+
+
+async def test_replay_needs_the_investigator_role(
+    auth_server: ServerProcess, issue_token: IssueToken, unique_prefix: str
+) -> None:
+    dashboard = await issue_token(f"{unique_prefix}dash", Role.DASHBOARD)
+    investigator = await issue_token(f"{unique_prefix}inv", Role.INVESTIGATOR)
+    async with httpx.AsyncClient(base_url=auth_server.base_url) as client:
+        for path in ("/v1/replay/state?at=2020-01-01T00:00:00Z", "/v1/events", "/v1/agents/a/history"):
+            refused = await client.get(path, headers={"Authorization": f"Bearer {dashboard}"})
+            assert refused.status_code == 403, path
+            allowed = await client.get(path, headers={"Authorization": f"Bearer {investigator}"})
+            assert allowed.status_code == 200, (path, allowed.text)
