@@ -122,6 +122,7 @@ class LockInfo(BaseModel):
 
 
 class LockList(BaseModel):
+    at: Timestamp = Field(description="The database time the list is as of (its snapshot's).")
     items: list[LockInfo]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
 

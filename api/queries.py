@@ -40,7 +40,8 @@ async def list_locks(
             cursor=cursor,
             limit=limit,
         )
-    return LockList(items=[LockInfo(**v.as_json()) for v in page.items], next_cursor=page.next_cursor)
+    items = [LockInfo(**v.as_json()) for v in page.items]
+    return LockList(at=page.at, items=items, next_cursor=page.next_cursor)
 
 
 @router.get(

@@ -87,6 +87,7 @@ async def count_live_leases(conn: Connection) -> int:
 
 @dataclass(frozen=True, slots=True)
 class LockPage:
+    at: datetime  # the instant the page is as of: the statement's start, when its snapshot was taken
     items: list[LockView]
     next_cursor: str | None
 
@@ -103,9 +104,11 @@ async def list_locks(
     """Live leases (held, deadline ahead), ordered by resource; ``cursor`` is the last resource seen.
 
     "Now" is the statement's own start time, one instant for every row and the moment its snapshot was
-    taken, so the page needs a single round trip.
+    taken, so the page needs a single round trip; it is read even when no lease matches (the outer join),
+    so the page can say which instant it shows.
     """
-    now = func.statement_timestamp()
+    clock = select(func.statement_timestamp().label("now")).cte("clock")
+    now = clock.c.now
     conditions = [lock_state.c.status == "held", lock_state.c.expires_at > now]
     if holder is not None:
         conditions.append(lock_state.c.owner == holder)
@@ -117,11 +120,12 @@ async def list_locks(
         conditions.append(lock_state.c.resource > cursor)
     sql, params = compile_query(
         select(lock_state, now.label("db_now"))
-        .where(and_(*conditions))
+        .select_from(clock.outerjoin(lock_state, and_(*conditions)))
         .order_by(lock_state.c.resource)
         .limit(limit + 1)
     )
     rows = await conn.fetch(sql, *params)
-    items = [_view(row, row["db_now"]) for row in rows[:limit]]
-    next_cursor = items[-1].resource if len(rows) > limit else None
-    return LockPage(items, next_cursor)
+    held = [row for row in rows if row["resource"] is not None]
+    items = [_view(row, row["db_now"]) for row in held[:limit]]
+    next_cursor = items[-1].resource if len(held) > limit else None
+    return LockPage(rows[0]["db_now"], items, next_cursor)
