@@ -283,22 +283,38 @@ def migrate(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
 
 @app.command()
 def rebuild(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
-    """Rebuild the lock_state projection from the event log (run as the schema owner)."""
+    """Rebuild what is derived from the event log: the lock_state projection and the indexes replay
+    reads (run as the schema owner)."""
 
-    from projections.rebuild import rebuild_lock_state
+    from projections.rebuild import rebuild_lock_state, rebuild_replay_indexes
 
     url, _ = _resolve_database(database_url, data_dir)
 
     rows = asyncio.run(_with_connection(url, rebuild_lock_state))
     console.print(f"[green]lock_state rebuilt from the log: {rows} resources[/green]")
+    indexes = asyncio.run(_with_connection(url, rebuild_replay_indexes))
+    console.print(f"[green]replay indexes rebuilt from the log: {', '.join(indexes)}[/green]")
 
 
 @app.command()
-def verify(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
-    """Recompute every stream's hash chain; exit 1 and name the first broken link if any."""
+def verify(
+    digest: Annotated[
+        str | None,
+        typer.Option(
+            help="A digest from `lockledger audit digest`: also prove that nothing at or before its position"
+            " was altered, inserted or removed (whole streams and streams' newest events included)."
+        ),
+    ] = None,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Recompute every stream's hash chain; exit 1 and name the first broken link if any. With --digest,
+    also prove the log up to the digest's position unchanged, or exit 1 naming what differs."""
 
     from eventstore.verify import verify_chains
 
+    if digest is not None:
+        _verify_digest(digest, database_url, data_dir)
     url, _ = _resolve_database(database_url, data_dir)
 
     async def main() -> int:
@@ -316,6 +332,73 @@ def verify(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
         return 0
 
     sys.exit(asyncio.run(main()))
+
+
+def _verify_digest(text: str, database_url: str | None, data_dir: Path | None) -> NoReturn:
+    """`verify --digest`: exit 0 when the log up to the digest's position is unchanged, else 1 naming
+    every difference found."""
+    from eventstore.digest import Digest, verify_digest
+
+    try:
+        expected = Digest.parse(text)
+    except ValueError as error:
+        console.print(f"[red]{escape(str(error))}[/red]")
+        raise typer.Exit(2) from None
+    url, _ = _resolve_database(database_url, data_dir)
+    report = asyncio.run(
+        _with_connection(
+            url,
+            lambda conn: verify_digest(
+                conn, expected, progress=lambda n: console.print(f"  {n:,} events verified")
+            ),
+        )
+    )
+    if not report.ok:
+        console.print(f"[red]CHANGED: the log up to position {expected.position} differs:[/red]")
+        for finding in report.findings():
+            console.print(f"[red]  - {escape(finding)}[/red]")
+        sys.exit(1)
+    console.print(
+        f"[green]OK: the log up to position {expected.position} is unchanged ({expected.events:,} events in"
+        f" {expected.streams:,} streams; {report.chains.events:,} events in all, chains intact)[/green]"
+    )
+    sys.exit(0)
+
+
+audit_app = typer.Typer(no_args_is_help=True, help="Audit: a log digest to keep outside the system.")
+app.add_typer(audit_app, name="audit")
+
+
+@audit_app.command("digest")
+def audit_digest(
+    position: Annotated[
+        int | None, typer.Option(min=0, help="Cover the log up to this global position (default: newest).")
+    ] = None,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Print a digest of every event up to a position (the value alone on stdout). Keep it outside the
+    system; `lockledger verify --digest` later proves the log up to there unchanged."""
+    from eventstore.digest import PositionBeyondLog, compute_digest
+
+    url, _ = _resolve_database(database_url, data_dir)
+    try:
+        found = asyncio.run(
+            _with_connection(
+                url,
+                lambda conn: compute_digest(
+                    conn, position, progress=lambda n: console.print(f"  {n:,} stream heads hashed")
+                ),
+            )
+        )
+    except PositionBeyondLog as error:
+        console.print(f"[red]{escape(str(error))}[/red]")
+        raise typer.Exit(2) from None
+    console.print(
+        f"digest of the log up to position {found.position}: {found.events:,} events in"
+        f" {found.streams:,} streams"
+    )
+    print(found)
 
 
 tokens_app = typer.Typer(no_args_is_help=True, help="API tokens: create, list, revoke.")
@@ -455,3 +538,11 @@ def database_url_command(database_url: DatabaseUrl = None, data_dir: DataDir = N
 
 if __name__ == "__main__":
     app()
+
+
+def register(target: typer.Typer) -> None:
+    """Add the server's commands and command groups to ``target``, the `lockledger` command of the SDK's
+    distribution (lockledger/cli.py), which finds this function through the entry point group
+    ``lockledger.cli`` (pyproject.toml), so that neither distribution imports the other."""
+    target.registered_commands.extend(app.registered_commands)
+    target.registered_groups.extend(app.registered_groups)

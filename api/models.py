@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+)
 
 from domain.events import TIMESTAMP_FIELDS
 from domain.resource import OWNER_PATTERN
@@ -19,6 +28,19 @@ Timestamp = Annotated[
     PlainSerializer(format_timestamp, return_type=str, when_used="json"),
     WithJsonSchema({"type": "string", "format": "date-time"}, mode="serialization"),
 ]
+
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def _rfc3339(value: object) -> object:
+    """Only RFC 3339 text with an offset is an instant here: pydantic would also read ``0.5`` as one."""
+    if isinstance(value, str) and not _RFC3339.match(value):
+        raise ValueError("an RFC 3339 date-time with an offset is expected, e.g. 2026-05-05T14:02:07Z")
+    return value
+
+
+# An instant a client sends in a query: RFC 3339 with an offset (a naive time names no instant).
+Instant = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
 
 Owner = Field(
     default=None,

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from pydantic import AwareDatetime
 
 from api.auth import require
 from api.dependencies import ResourcePath
-from api.models import History, HistoryEvent, LockInfo, LockList
+from api.models import History, HistoryEvent, Instant, LockInfo, LockList
 from api.request_checks import StrictRoute
 from domain.access import Action
 from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
@@ -67,8 +66,8 @@ async def history(
     # A bigint: larger is a 422, not a 500. `lt=2**63`, not `le=2**63 - 1`: FastAPI holds OpenAPI bounds
     # as floats, and only the power of two survives that exactly.
     after_version: Annotated[int, Query(ge=0, lt=2**63)] = 0,
-    start: Annotated[AwareDatetime | None, Query(alias="from", description="Inclusive, RFC 3339.")] = None,
-    end: Annotated[AwareDatetime | None, Query(alias="to", description="Exclusive, RFC 3339.")] = None,
+    start: Annotated[Instant | None, Query(alias="from", description="Inclusive, RFC 3339.")] = None,
+    end: Annotated[Instant | None, Query(alias="to", description="Exclusive, RFC 3339.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> History:
     """The resource's events in order, recorded between `from` and `to` if given; page with

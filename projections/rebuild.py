@@ -1,4 +1,4 @@
-"""Rebuild lock_state from the log alone.
+"""Rebuild what is derived from the log: the lock_state projection, and the indexes replay reads.
 
 The rebuilt table must equal the inline one row for row (tests/storage/test_rebuild.py proves it after
 a random workload). Each row is what ``domain.decider.evolve`` makes of the stream's last event (its
@@ -49,3 +49,14 @@ async def rebuild_lock_state(conn: Connection) -> int:
         await conn.execute("DELETE FROM lock_state")
         status = await conn.execute(REBUILD_SQL)
     return int(status.split()[-1])
+
+
+REPLAY_INDEXES = ("events_lease_span_idx", "events_owner_idx", "events_lease_start_idx")
+
+
+async def rebuild_replay_indexes(conn: Connection) -> tuple[str, ...]:
+    """Rebuild the indexes replay reads (migration 0005) from the events they cover, without blocking
+    appends (``REINDEX ... CONCURRENTLY``: run it outside a transaction); returns their names."""
+    for index in REPLAY_INDEXES:
+        await conn.execute(f"REINDEX INDEX CONCURRENTLY {index}")
+    return REPLAY_INDEXES

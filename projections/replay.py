@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from domain.events import GRANTING_EVENTS, LOCK_ACQUIRED
@@ -44,34 +44,35 @@ def _filters(alias: str, prefix: str, owner: str) -> str:
        AND ({owner}::text IS NULL OR {alias}.data ->> 'owner' = {owner})"""
 
 
-# The clock (a future instant is refused), the position of the last event recorded at or before $1, and
-# the leases live at $1. Positions are drawn in the statement that reads the clock for recorded_at, so the
-# newest position at or before T is among the events of the last minute before T, if there are any.
-STATE_SQL = """
-SELECT clock_timestamp() AS db_now,
-       coalesce(
-         (SELECT max(position) FROM events
-           WHERE recorded_at > $1::timestamptz - interval '1 minute' AND recorded_at <= $1),
-         (SELECT position FROM events WHERE recorded_at <= $1 ORDER BY recorded_at DESC, position DESC
-           LIMIT 1),
-         0) AS position
-"""
-
-LIVE_SQL = f"""
-SELECT g.stream_id AS resource, g.data ->> 'owner' AS owner,
-       (g.data ->> 'fencing_token')::bigint AS fencing_token, event_deadline(g.data) AS expires_at,
-       CASE WHEN g.event_type = '{LOCK_ACQUIRED}' THEN g.recorded_at ELSE (
-            SELECT a.recorded_at FROM events a
-             WHERE a.stream_id = g.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
-               AND (a.data ->> 'fencing_token')::bigint = (g.data ->> 'fencing_token')::bigint
-             LIMIT 1) END AS acquired_at
-  FROM events g
- WHERE g.event_type IN ({_GRANTS}) AND {_SPAN} @> $1::timestamptz
-   AND {_filters("g", "$2", "$3")}
-   AND ($4::text IS NULL OR g.stream_id > $4)
-   AND {_no_event_after("g", "$1")}
- ORDER BY g.stream_id
- LIMIT $5
+# The leases live at $1, with the clock (a future instant is refused) and the position of the last event
+# recorded at or before $1, in one statement and so one snapshot (a row of nulls when no lease is live).
+# Positions are drawn in the statement that reads the clock for recorded_at, so the newest position at
+# or before T is among the events of the last minute before T, if there are any.
+STATE_SQL = f"""
+SELECT head.db_now, head.position, live.*
+  FROM (SELECT clock_timestamp() AS db_now, coalesce(
+               (SELECT max(position) FROM events
+                 WHERE recorded_at > $1::timestamptz - interval '1 minute' AND recorded_at <= $1),
+               (SELECT position FROM events WHERE recorded_at <= $1
+                 ORDER BY recorded_at DESC, position DESC LIMIT 1),
+               0) AS position) AS head
+  LEFT JOIN (
+    SELECT g.stream_id AS resource, g.data ->> 'owner' AS owner,
+           (g.data ->> 'fencing_token')::bigint AS fencing_token, event_deadline(g.data) AS expires_at,
+           CASE WHEN g.event_type = '{LOCK_ACQUIRED}' THEN g.recorded_at ELSE (
+                SELECT a.recorded_at FROM events a
+                 WHERE a.stream_id = g.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
+                   AND (a.data ->> 'fencing_token')::bigint = (g.data ->> 'fencing_token')::bigint
+                 LIMIT 1) END AS acquired_at
+      FROM events g
+     WHERE g.event_type IN ({_GRANTS}) AND {_SPAN} @> $1::timestamptz
+       AND {_filters("g", "$2", "$3")}
+       AND ($4::text IS NULL OR g.stream_id > $4)
+       AND {_no_event_after("g", "$1")}
+     ORDER BY g.stream_id
+     LIMIT $5
+  ) AS live ON true
+ ORDER BY live.resource
 """
 
 
@@ -106,20 +107,19 @@ async def state_at(
     limit: int = 100,
 ) -> StateAt:
     """Every lease live at ``at``, by resource, a page of ``limit`` after ``cursor`` (a resource)."""
-    async with conn.transaction(isolation="repeatable_read", readonly=True):  # one snapshot for both
-        head = await conn.fetchrow(STATE_SQL, at)
-        assert head is not None
-        if at > head["db_now"]:
-            raise FutureInstant(
-                f"{at.isoformat()} is in the future (the database clock reads "
-                f"{head['db_now'].isoformat()}); replay answers for past instants"
-            )
-        rows = await conn.fetch(LIVE_SQL, at, prefix, owner, cursor, limit + 1)
+    rows = await conn.fetch(STATE_SQL, at, prefix, owner, cursor, limit + 1)
+    head = rows[0]
+    if at > head["db_now"]:
+        raise FutureInstant(
+            f"{at.isoformat()} is in the future (the database clock reads {head['db_now'].isoformat()});"
+            " replay answers for past instants"
+        )
+    live = [row for row in rows if row["resource"] is not None]
     locks = [
         LiveLease(r["resource"], r["owner"], r["fencing_token"], r["acquired_at"], r["expires_at"])
-        for r in rows[:limit]
+        for r in live[:limit]
     ]
-    next_cursor = locks[-1].resource if len(rows) > limit else None
+    next_cursor = locks[-1].resource if len(live) > limit else None
     return StateAt(at, head["position"], locks, next_cursor)
 
 
@@ -167,17 +167,21 @@ class ChangePage:
 
 
 _LAPSE_SORT = 2**63 - 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# A changes cursor: microseconds since 1970, position (the largest bigint for a lapse), resource.
+CHANGE_CURSOR_PATTERN = r"^\d{1,15}\.\d{1,19}\.[A-Za-z0-9._:\-]{1,200}$"
 
 
 def _change_cursor(change: Change) -> str:
     position = change.position if change.position is not None else _LAPSE_SORT
-    return f"{change.at.isoformat()}|{position}|{change.resource}"
+    micros = (change.at - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros}.{position}.{change.resource}"
 
 
 def parse_change_cursor(cursor: str) -> tuple[datetime, int, str]:
-    """The (instant, position, resource) a changes cursor stands for; ValueError if it is not one."""
-    at, position, resource = cursor.split("|", 2)
-    return datetime.fromisoformat(at), int(position), resource
+    """The (instant, position, resource) a changes cursor stands for (see CHANGE_CURSOR_PATTERN)."""
+    micros, position, resource = cursor.split(".", 2)
+    return _EPOCH + timedelta(microseconds=int(micros)), min(int(position), _LAPSE_SORT), resource
 
 
 async def changes(

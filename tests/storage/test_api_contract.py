@@ -432,14 +432,19 @@ async def test_every_endpoint_refuses_unknown_query_parameters(
         "/v1/locks/{resource}/force-release": {"reason": "r"},
     }
     for method, template, declared in operations:
-        path = template.replace("{resource}", resource).replace("{name}", f"{resource}-t")
+        path = (
+            template.replace("{resource}", resource)
+            .replace("{name}", f"{resource}-t")
+            .replace("{owner}", "bot1")
+        )
         body = bodies.get(template) if method == "POST" else None
-        response = await http.request(method, path, params={"owner": "x"}, json=body)
+        # A misspelt filter, as a user would send it; no endpoint has a parameter of that name.
+        response = await http.request(method, path, params={"ownr": "x"}, json=body)
         problem = assert_problem(response, 422, "validation_error")
         accepted = ", ".join(declared) if declared else "none"
         assert problem["errors"] == [
             {
-                "loc": ["query", "owner"],
+                "loc": ["query", "ownr"],
                 "msg": f"Unknown query parameter; this endpoint accepts: {accepted}",
                 "type": "extra_forbidden",
             }
