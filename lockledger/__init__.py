@@ -3,7 +3,9 @@
 Importing this package pulls in no server code, so an agent can use the client alone. Every duration in
 the SDK is seconds as a float (``ttl``, ``wait``, ``timeout``, ``retry_timeout``, ``retry_after``). The
 result dataclasses (``LeaseInfo``, ``LockInfo``, ``LockPage``, ``Released``, ``ForceReleased``,
-``History``, ``HistoryEvent``) are in ``lockledger.client``; every error class is in ``lockledger.errors``.
+``History``, ``HistoryEvent``, and the replay API's ``ReplayState``, ``ReplayLease``, ``Changes``,
+``Change``, ``AgentHistory``, ``AgentEvent``, ``ExportedEvent``) are in ``lockledger.client``; every error
+class is in ``lockledger.errors``. The command line is ``lockledger.cli`` (the ``cli`` extra).
 """
 
 from lockledger.client import AsyncClient, Client

@@ -11,7 +11,12 @@ httpx error as its cause: callers catch the SDK's exceptions, never httpx's.
 
 Durations are seconds as floats everywhere in this API (``ttl``, ``wait``, ``timeout``, ``retry_timeout``,
 ``expiring_within``, ``LeaseInfo.ttl``), as in httpx and asyncio; the server's ``*_ms`` fields are
-converted to and from at the HTTP boundary only. A resource is checked before it goes into a URL.
+converted to and from at the HTTP boundary only. A resource (or an owner) is checked before it goes into
+a URL. Instants (the replay API's ``at``, ``from_``, ``to``) are aware datetimes or RFC 3339 strings with
+an offset, never naive ones (``lockledger.replay``).
+
+The export (``export``) is streamed: one event at a time, whatever the range, and a connection cut
+mid-stream is resumed after the last event yielded, a bounded number of times in a row.
 """
 
 from __future__ import annotations
@@ -38,11 +43,28 @@ from lockledger.errors import (
     parse_datetime,
 )
 from lockledger.lease import AsyncLease, Lease
+from lockledger.replay import (
+    AgentEvent,
+    AgentHistory,
+    Change,
+    Changes,
+    ExportedEvent,
+    ReplayLease,
+    ReplayState,
+    filters,
+    instant,
+    time_range,
+)
 from lockledger_breaker import CircuitBreaker
 
 __all__ = [
+    "AgentEvent",
+    "AgentHistory",
     "AsyncClient",
+    "Change",
+    "Changes",
     "Client",
+    "ExportedEvent",
     "ForceReleased",
     "History",
     "HistoryEvent",
@@ -50,6 +72,8 @@ __all__ = [
     "LockInfo",
     "LockPage",
     "Released",
+    "ReplayLease",
+    "ReplayState",
 ]
 
 
@@ -223,6 +247,70 @@ def check_resource(resource: str) -> str:
 
 def _path(resource: str, action: str = "") -> str:
     return f"/v1/locks/{check_resource(resource)}{action}"
+
+
+# The server's rule for an owner (a lease holder, an agent's principal); it names a URL path segment in
+# ``agent_history``.
+_OWNER_RE = re.compile(r"[A-Za-z0-9._:@\-]{1,200}")
+
+
+def check_owner(owner: str) -> str:
+    """``owner`` if the server could accept it; else ``ValidationError`` before anything is sent."""
+    if not isinstance(owner, str) or not _OWNER_RE.fullmatch(owner) or not owner.strip("."):
+        raise _refused(f"invalid owner {owner!r:.80}: 1-200 characters of A-Z, a-z, 0-9 and . _ : @ -")
+    return owner
+
+
+# Replay answers are read whole (every page): the largest page the server gives keeps round trips few.
+_PAGE = 1000
+# An export filtered by type, owner or prefix may scan a long stretch of the log between two matches: the
+# wait for the next line may be far longer than for an ordinary answer.
+_EXPORT_READ_TIMEOUT = 60.0
+
+
+def _streaming_timeout(base: httpx.Timeout) -> httpx.Timeout:
+    read = None if base.read is None else max(base.read, _EXPORT_READ_TIMEOUT)
+    return httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
+
+
+def _state_query(at: datetime | str, prefix: str | None, owner: str | None) -> dict[str, Any]:
+    return {"at": instant("at", at), **filters(prefix=prefix, owner=owner), "limit": _PAGE}
+
+
+def _changes_query(
+    from_: datetime | str, to: datetime | str, prefix: str | None, owner: str | None
+) -> dict[str, Any]:
+    return {"from": instant("from_", from_), "to": instant("to", to), **filters(prefix=prefix, owner=owner),
+            "limit": _PAGE}  # fmt: skip
+
+
+def _history(data: dict[str, Any]) -> History:
+    events = [HistoryEvent.from_json(e) for e in data["events"]]
+    return History(data["resource"], events, data["next_after_version"])
+
+
+def _agent_history(data: dict[str, Any]) -> AgentHistory:
+    events = [AgentEvent.from_json(e) for e in data["events"]]
+    return AgentHistory(data["owner"], events, data["next_after_position"])
+
+
+def _export_query(
+    from_: datetime | str | None,
+    to: datetime | str | None,
+    type: str | None,
+    owner: str | None,
+    prefix: str | None,
+) -> dict[str, Any]:
+    return {**time_range(from_, to), **filters(type=type, owner=owner, prefix=prefix)}
+
+
+def _cut_off(exc: Exception, position: int, attempts: int) -> Unavailable:
+    """The error for an export whose connections kept being cut before any new event (status 0)."""
+    detail = (
+        f"GET /v1/events: {attempts} connections in a row cut before a new event, after position"
+        f" {position} ({type(exc).__name__}: {exc}); resume with after_position={position}"
+    )
+    return Unavailable(0, {"code": "unavailable", "detail": detail})
 
 
 def _ms(name: str, seconds: float) -> int:
@@ -461,12 +549,131 @@ class AsyncClient(_Base):
                 return
             cursor = page.next_cursor
 
-    async def history(self, resource: str, after_version: int = 0, limit: int = 100) -> History:
-        params = {"after_version": after_version, "limit": limit}
-        data = await self._request("GET", _path(resource, "/history"), params=params)
-        return History(
-            data["resource"], [HistoryEvent.from_json(e) for e in data["events"]], data["next_after_version"]
-        )
+    async def history(
+        self,
+        resource: str,
+        after_version: int = 0,
+        limit: int = 100,
+        *,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+    ) -> History:
+        """One page of the resource's events in version order, after ``after_version``; with ``from_`` or
+        ``to``, only those recorded in ``[from_, to)``. ``next_after_version`` continues it (None: done)."""
+        params = {"after_version": after_version, "limit": limit, **time_range(from_, to)}
+        return _history(await self._request("GET", _path(resource, "/history"), params=params))
+
+    async def agent_history(
+        self,
+        owner: str,
+        *,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+        after_position: int = 0,
+        limit: int = 100,
+    ) -> AgentHistory:
+        """One page of an agent's events across every resource, in log order, after ``after_position``,
+        recorded in ``[from_, to)``. ``next_after_position`` continues it (None: done)."""
+        params = {"after_position": after_position, "limit": limit, **time_range(from_, to)}
+        path = f"/v1/agents/{check_owner(owner)}/history"
+        return _agent_history(await self._request("GET", path, params=params))
+
+    async def replay_state(
+        self, at: datetime | str, *, prefix: str | None = None, owner: str | None = None
+    ) -> ReplayState:
+        """Every lease live at the past instant ``at`` (all pages), by resource. ``ValidationError`` for a
+        future instant."""
+        query = _state_query(at, prefix, owner)
+        first: dict[str, Any] | None = None
+        locks: list[ReplayLease] = []
+        cursor: str | None = None
+        while True:
+            params = {**query, **filters(cursor=cursor)}
+            data = await self._request("GET", "/v1/replay/state", params=params)
+            first = first or data
+            locks += [ReplayLease.from_json(item) for item in data["locks"]]
+            cursor = data["next_cursor"]
+            if cursor is None:
+                return ReplayState(_dt(first["at"]), int(first["position"]), locks)
+
+    async def changes(
+        self,
+        from_: datetime | str,
+        to: datetime | str,
+        *,
+        prefix: str | None = None,
+        owner: str | None = None,
+    ) -> Changes:
+        """Everything that changed after ``from_`` up to ``to`` (all pages), in time order."""
+        query = _changes_query(from_, to, prefix, owner)
+        first: dict[str, Any] | None = None
+        found: list[Change] = []
+        cursor: str | None = None
+        while True:
+            params = {**query, **filters(cursor=cursor)}
+            data = await self._request("GET", "/v1/replay/changes", params=params)
+            first = first or data
+            found += [Change.from_json(item) for item in data["changes"]]
+            cursor = data["next_cursor"]
+            if cursor is None:
+                return Changes(_dt(first["from"]), _dt(first["to"]), found)
+
+    async def export(
+        self,
+        *,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+        after_position: int = 0,
+        type: str | None = None,
+        owner: str | None = None,
+        prefix: str | None = None,
+    ) -> AsyncIterator[ExportedEvent]:
+        """Every matching event after ``after_position`` recorded in ``[from_, to)``, in position order,
+        streamed (memory stays flat). A cut connection is resumed after the last event yielded; once
+        ``retry_attempts`` connections in a row are cut before yielding any event, ``Unavailable``."""
+        query = _export_query(from_, to, type, owner, prefix)
+        position, cuts = after_position, 0
+        while True:
+            response = await self._open_stream("/v1/events", {**query, "after_position": position})
+            resumed_at = position
+            try:
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        event = ExportedEvent.from_line(line)
+                        position = event.position
+                        yield event
+                return
+            except (httpx.TransportError, ValueError) as exc:  # ValueError: a line cut in two
+                cuts = 0 if position != resumed_at else cuts + 1
+                if cuts >= self.retry_attempts:
+                    raise _cut_off(exc, position, cuts) from exc
+            finally:
+                await response.aclose()
+
+    async def _open_stream(self, path: str, params: dict[str, Any]) -> httpx.Response:
+        """A GET whose body is left to read: retried and guarded by the breaker like ``_request`` up to the
+        response head. The caller closes it."""
+        timeout = _streaming_timeout(self._http.timeout)
+        try:
+            async for attempt in self._retries():
+                with attempt:
+                    self.breaker.acquire_permission()
+                    started = time.monotonic()
+                    try:
+                        request = self._http.build_request("GET", path, params=params, timeout=timeout)
+                        response = await self._http.send(request, stream=True)
+                        if response.is_error:  # the problem body, read whole, for the typed error
+                            try:
+                                await response.aread()
+                            finally:
+                                await response.aclose()
+                    except BaseException as exc:
+                        self._failed(exc, started)
+                        raise
+                    return self._settle(response, started)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc, "GET", path) from exc
+        raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
     async def health(self) -> dict[str, Any]:
         result: dict[str, Any] = await self._request("GET", "/healthz")
@@ -636,12 +843,129 @@ class Client(_Base):
                 return
             cursor = page.next_cursor
 
-    def history(self, resource: str, after_version: int = 0, limit: int = 100) -> History:
-        params = {"after_version": after_version, "limit": limit}
-        data = self._request("GET", _path(resource, "/history"), params=params)
-        return History(
-            data["resource"], [HistoryEvent.from_json(e) for e in data["events"]], data["next_after_version"]
-        )
+    def history(
+        self,
+        resource: str,
+        after_version: int = 0,
+        limit: int = 100,
+        *,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+    ) -> History:
+        """One page of the resource's events in version order, after ``after_version``; with ``from_`` or
+        ``to``, only those recorded in ``[from_, to)``. ``next_after_version`` continues it (None: done)."""
+        params = {"after_version": after_version, "limit": limit, **time_range(from_, to)}
+        return _history(self._request("GET", _path(resource, "/history"), params=params))
+
+    def agent_history(
+        self,
+        owner: str,
+        *,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+        after_position: int = 0,
+        limit: int = 100,
+    ) -> AgentHistory:
+        """One page of an agent's events across every resource, in log order, after ``after_position``,
+        recorded in ``[from_, to)``. ``next_after_position`` continues it (None: done)."""
+        params = {"after_position": after_position, "limit": limit, **time_range(from_, to)}
+        path = f"/v1/agents/{check_owner(owner)}/history"
+        return _agent_history(self._request("GET", path, params=params))
+
+    def replay_state(
+        self, at: datetime | str, *, prefix: str | None = None, owner: str | None = None
+    ) -> ReplayState:
+        """Every lease live at the past instant ``at`` (all pages), by resource. ``ValidationError`` for a
+        future instant."""
+        query = _state_query(at, prefix, owner)
+        first: dict[str, Any] | None = None
+        locks: list[ReplayLease] = []
+        cursor: str | None = None
+        while True:
+            params = {**query, **filters(cursor=cursor)}
+            data = self._request("GET", "/v1/replay/state", params=params)
+            first = first or data
+            locks += [ReplayLease.from_json(item) for item in data["locks"]]
+            cursor = data["next_cursor"]
+            if cursor is None:
+                return ReplayState(_dt(first["at"]), int(first["position"]), locks)
+
+    def changes(
+        self,
+        from_: datetime | str,
+        to: datetime | str,
+        *,
+        prefix: str | None = None,
+        owner: str | None = None,
+    ) -> Changes:
+        """Everything that changed after ``from_`` up to ``to`` (all pages), in time order."""
+        query = _changes_query(from_, to, prefix, owner)
+        first: dict[str, Any] | None = None
+        found: list[Change] = []
+        cursor: str | None = None
+        while True:
+            params = {**query, **filters(cursor=cursor)}
+            data = self._request("GET", "/v1/replay/changes", params=params)
+            first = first or data
+            found += [Change.from_json(item) for item in data["changes"]]
+            cursor = data["next_cursor"]
+            if cursor is None:
+                return Changes(_dt(first["from"]), _dt(first["to"]), found)
+
+    def export(
+        self,
+        *,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+        after_position: int = 0,
+        type: str | None = None,
+        owner: str | None = None,
+        prefix: str | None = None,
+    ) -> Iterator[ExportedEvent]:
+        """Every matching event after ``after_position`` recorded in ``[from_, to)``, in position order,
+        streamed; cut connections are resumed as in ``AsyncClient.export``. Exhaust or close the iterator:
+        it holds a connection until then."""
+        query = _export_query(from_, to, type, owner, prefix)
+        position, cuts = after_position, 0
+        while True:
+            response = self._open_stream("/v1/events", {**query, "after_position": position})
+            resumed_at = position
+            try:
+                for line in response.iter_lines():
+                    if line.strip():
+                        event = ExportedEvent.from_line(line)
+                        position = event.position
+                        yield event
+                return
+            except (httpx.TransportError, ValueError) as exc:  # ValueError: a line cut in two
+                cuts = 0 if position != resumed_at else cuts + 1
+                if cuts >= self.retry_attempts:
+                    raise _cut_off(exc, position, cuts) from exc
+            finally:
+                response.close()
+
+    def _open_stream(self, path: str, params: dict[str, Any]) -> httpx.Response:
+        timeout = _streaming_timeout(self._http.timeout)
+        try:
+            for attempt in self._retries():
+                with attempt:
+                    self.breaker.acquire_permission()
+                    started = time.monotonic()
+                    try:
+                        request = self._http.build_request("GET", path, params=params, timeout=timeout)
+                        response = self._http.send(request, stream=True)
+                        if response.is_error:
+                            try:
+                                response.read()
+                            finally:
+                                response.close()
+                    except BaseException as exc:
+                        self._failed(exc, started)
+                        raise
+                    return self._settle(response, started)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc, "GET", path) from exc
+        raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
     def health(self) -> dict[str, Any]:
         result: dict[str, Any] = self._request("GET", "/healthz")

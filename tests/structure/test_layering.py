@@ -39,6 +39,9 @@ ALLOWED: dict[str, set[str]] = {
 }
 # The SDK's distribution depends on these alone (lockledger/pyproject.toml).
 SDK_THIRD_PARTY = {"httpx", "stamina"}
+# Its `cli` extra brings these, for the command line's module alone.
+SDK_CLI = Path("lockledger/cli.py")
+SDK_CLI_THIRD_PARTY = {"typer", "rich"}
 
 
 def imports(path: Path) -> Iterator[tuple[int, str]]:
@@ -71,16 +74,34 @@ def test_imports_point_one_way(package: str) -> None:
 def test_the_sdk_needs_only_httpx_and_stamina(package: str) -> None:
     import sys
 
+    def allowed(path: Path) -> set[str]:
+        return SDK_THIRD_PARTY | (SDK_CLI_THIRD_PARTY if path.relative_to(ROOT) == SDK_CLI else set())
+
     outside = {
         f"{path.relative_to(ROOT)}:{line} imports {name}"
         for path in modules(package)
         for line, name in imports(path)
         if (top := name.split(".")[0]) not in PROJECT
-        and top not in SDK_THIRD_PARTY
+        and top not in allowed(path)
         and top not in sys.stdlib_module_names
         and top != "__future__"
     }
     assert not outside, "\n".join(sorted(outside))
+
+
+def test_the_cli_extra_brings_what_the_command_line_imports() -> None:
+    """typer and rich are in the SDK's ``cli`` extra, not its dependencies, and the command line is the
+    SDK's console script."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "lockledger" / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = {requirement.split(">")[0].split("=")[0].split("<")[0].strip() for requirement in
+             project["optional-dependencies"]["cli"]}  # fmt: skip
+    assert names == SDK_CLI_THIRD_PARTY
+    assert not any(dep.startswith(tuple(SDK_CLI_THIRD_PARTY)) for dep in project["dependencies"])
+    assert project["scripts"] == {"lockledger": "lockledger.cli:main"}
+    used = {name.split(".")[0] for _, name in imports(ROOT / SDK_CLI)}
+    assert used >= SDK_CLI_THIRD_PARTY
 
 
 def test_the_checks_see_real_imports() -> None:

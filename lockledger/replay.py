@@ -1,0 +1,201 @@
+"""Results and query helpers of the replay API: the fleet's leases at a past instant, what changed
+between two instants, an agent's history and the event export.
+
+Times go out as the server writes them (RFC 3339 in UTC with microseconds and ``Z``) and come back as
+aware datetimes. A naive datetime, or a string without an offset, is refused before anything is sent:
+"09:30" means a different instant on every machine, and an investigation must not depend on where the
+investigator sits. Importing this module pulls in no server code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from lockledger.errors import ValidationError, parse_datetime
+
+__all__ = [
+    "AgentEvent",
+    "AgentHistory",
+    "Change",
+    "Changes",
+    "ExportedEvent",
+    "ReplayLease",
+    "ReplayState",
+]
+
+
+def _refused(detail: str) -> ValidationError:
+    return ValidationError(0, {"code": "validation_error", "detail": detail})
+
+
+def _dt(value: Any) -> datetime:
+    parsed = parse_datetime(value)
+    if parsed is None:
+        raise ValueError("missing datetime")
+    return parsed
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+# RFC 3339's date-time: a full date, a full time and an offset (``Z`` or ``±hh:mm``); "T" or a space.
+_RFC3339_RE = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def instant(name: str, value: datetime | str) -> str:
+    """``value`` as the server's timestamp text; ``ValidationError`` (a ``ValueError``) for a naive
+    datetime or a string that is not an RFC 3339 date-time with an offset."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not _RFC3339_RE.fullmatch(text):
+            raise _refused(
+                f"{name} must be an RFC 3339 date-time with an offset, e.g. 2026-05-05T09:30:00Z"
+                f" or 2026-05-05T11:30:00+02:00, not {value!r:.60}"
+            )
+        try:
+            parsed = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise _refused(f"{name} is not a valid date-time: {value!r:.60} ({exc})") from None
+    elif isinstance(value, datetime):
+        parsed = value
+    else:
+        raise _refused(f"{name} must be a datetime or an RFC 3339 string, not {type(value).__name__}")
+    if parsed.utcoffset() is None:
+        raise _refused(f"{name} is a naive datetime; give it a time zone (e.g. tzinfo=datetime.UTC)")
+    return parsed.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def time_range(from_: datetime | str | None, to: datetime | str | None) -> dict[str, str]:
+    """The ``from``/``to`` query parameters for the bounds given."""
+    params: dict[str, str] = {}
+    if from_ is not None:
+        params["from"] = instant("from_", from_)
+    if to is not None:
+        params["to"] = instant("to", to)
+    return params
+
+
+def filters(**values: Any) -> dict[str, Any]:
+    """The query parameters that were given (None means: no such filter)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ReplayLease:
+    """A lease live at the instant asked about; ``expires_at`` is its deadline as known then."""
+
+    resource: str
+    owner: str
+    fencing_token: int
+    acquired_at: datetime
+    expires_at: datetime
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ReplayLease:
+        return cls(
+            d["resource"], d["owner"], int(d["fencing_token"]), _dt(d["acquired_at"]), _dt(d["expires_at"])
+        )
+
+
+@dataclass(frozen=True)
+class ReplayState:
+    """Every lease live at ``at`` (by resource); ``position`` is the global position of the last event
+    recorded at or before ``at`` (0 if none), the point in the log this state corresponds to."""
+
+    at: datetime
+    position: int
+    locks: list[ReplayLease]
+
+
+@dataclass(frozen=True)
+class Change:
+    """An event recorded in the range, or a ``LEASE_LAPSED``: a deadline that passed in the range with
+    nothing recorded for that lease (then ``position`` and ``version`` are None and ``at`` is the
+    deadline)."""
+
+    at: datetime
+    type: str
+    resource: str
+    owner: str | None
+    fencing_token: int | None
+    position: int | None
+    version: int | None
+    data: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Change:
+        return cls(
+            _dt(d["at"]), d["type"], d["resource"], d.get("owner"), _int_or_none(d.get("fencing_token")),
+            _int_or_none(d.get("position")), _int_or_none(d.get("version")), d.get("data") or {},
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What changed after ``from_`` up to and including ``to``, in time order: the state at ``to`` is the
+    state at ``from_`` with these applied."""
+
+    from_: datetime
+    to: datetime
+    changes: list[Change]
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    """One event of an agent's history (any resource), in log order."""
+
+    position: int
+    resource: str
+    version: int
+    event_id: str
+    type: str
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    recorded_at: datetime
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> AgentEvent:
+        return cls(
+            int(d["position"]), d["resource"], int(d["version"]), str(d["event_id"]), d["type"], d["data"],
+            d["metadata"], _dt(d["recorded_at"]),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AgentHistory:
+    owner: str
+    events: list[AgentEvent]
+    next_after_position: int | None
+
+
+@dataclass(frozen=True)
+class ExportedEvent:
+    """One line of the export; ``line`` is the line exactly as the server sent it (without its newline),
+    so an archive written from it keeps the server's bytes, hash and all."""
+
+    position: int
+    stream: str
+    version: int
+    type: str
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    recorded_at: datetime
+    hash: str
+    line: str
+
+    @classmethod
+    def from_line(cls, line: str) -> ExportedEvent:
+        """``ValueError`` for a line that is not a whole event (a connection cut inside it)."""
+        try:
+            d = json.loads(line)
+            return cls(
+                int(d["position"]), d["stream"], int(d["version"]), d["type"], d["data"], d["metadata"],
+                _dt(d["recorded_at"]), str(d["hash"]), line,
+            )  # fmt: skip
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not an exported event: {line[:80]!r}") from exc
