@@ -42,7 +42,7 @@ async def state(
     prefix: Prefix = None,
     owner: Owner = None,
     cursor: Annotated[str | None, Query(pattern=RESOURCE_PATTERN, max_length=200)] = None,
-    limit: Limit = 100,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="Up to 10,000: a whole fleet at once.")] = 100,
 ) -> ReplayState:
     """Every lease live at `at`, by resource: its holder, fencing token, when it was acquired and the
     deadline as known at that instant. A lease whose deadline had passed is not live, whether or not its

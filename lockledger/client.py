@@ -25,11 +25,11 @@ import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 import stamina
@@ -56,6 +56,9 @@ from lockledger.replay import (
     time_range,
 )
 from lockledger_breaker import CircuitBreaker
+
+if TYPE_CHECKING:
+    from lockledger.saga import AsyncSaga, Saga, SagaDefinition, SagaView
 
 __all__ = [
     "AgentEvent",
@@ -263,6 +266,7 @@ def check_owner(owner: str) -> str:
 
 # Replay answers are read whole (every page): the largest page the server gives keeps round trips few.
 _PAGE = 1000
+_STATE_PAGE = 10_000  # the state at an instant comes in pages this large: a whole fleet in one
 # An export filtered by type, owner or prefix may scan a long stretch of the log between two matches: the
 # wait for the next line may be far longer than for an ordinary answer.
 _EXPORT_READ_TIMEOUT = 60.0
@@ -274,7 +278,7 @@ def _streaming_timeout(base: httpx.Timeout) -> httpx.Timeout:
 
 
 def _state_query(at: datetime | str, prefix: str | None, owner: str | None) -> dict[str, Any]:
-    return {"at": instant("at", at), **filters(prefix=prefix, owner=owner), "limit": _PAGE}
+    return {"at": instant("at", at), **filters(prefix=prefix, owner=owner), "limit": _STATE_PAGE}
 
 
 def _changes_query(
@@ -701,6 +705,34 @@ class AsyncClient(_Base):
         resource = check_resource(resource)
         return AsyncLease(self, resource, owner or self.agent_id, ttl, wait, on_lost, safety_margin)
 
+    def saga(
+        self,
+        saga_id: str | None,
+        definition: SagaDefinition | str | None = None,
+        *,
+        name: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        owner: str | None = None,
+    ) -> AsyncSaga:
+        """A saga of ``definition`` (or of the registered definition ``name``), its lock templates filled
+        from ``params``: ``async with client.saga("move-42", name="pallet-to-zone", params=...) as saga:``.
+        See ``lockledger.saga``."""
+        from lockledger.saga import AsyncSaga
+
+        return AsyncSaga(self, saga_id, definition or name, params, owner)
+
+    async def recover_sagas(
+        self,
+        definitions: Iterable[SagaDefinition] | Mapping[str, SagaDefinition] | None = None,
+        *,
+        owner: str | None = None,
+    ) -> list[SagaView]:
+        """Finish this agent's unfinished sagas from the server's log alone (forward or compensated, as
+        each definition's ``policy`` says; definitions by name, default the registry)."""
+        from lockledger.saga import recover_sagas
+
+        return await recover_sagas(self, definitions, owner)
+
 
 # --- threads -------------------------------------------------------------------------------------------
 
@@ -988,3 +1020,28 @@ class Client(_Base):
         """A managed lease: ``with client.lock("zone:A3", ttl=30, wait=5) as lease:`` (seconds)."""
         resource = check_resource(resource)
         return Lease(self, resource, owner or self.agent_id, ttl, wait, on_lost, safety_margin)
+
+    def saga(
+        self,
+        saga_id: str | None,
+        definition: SagaDefinition | str | None = None,
+        *,
+        name: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        owner: str | None = None,
+    ) -> Saga:
+        """The blocking twin of ``AsyncClient.saga``: ``with client.saga(...) as saga: saga.step("pick")``."""
+        from lockledger.saga import Saga
+
+        return Saga(self, saga_id, definition or name, params, owner)
+
+    def recover_sagas(
+        self,
+        definitions: Iterable[SagaDefinition] | Mapping[str, SagaDefinition] | None = None,
+        *,
+        owner: str | None = None,
+    ) -> list[SagaView]:
+        """The blocking twin of ``AsyncClient.recover_sagas``."""
+        from lockledger.saga import recover_sagas_sync
+
+        return recover_sagas_sync(self, definitions, owner)

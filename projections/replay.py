@@ -46,6 +46,8 @@ def _filters(alias: str, prefix: str, owner: str) -> str:
 
 # The leases live at $1, with the clock (a future instant is refused) and the position of the last event
 # recorded at or before $1, in one statement and so one snapshot (a row of nulls when no lease is live).
+# Of a stream's grants whose span contains $1 only the newest can be the live one (renewals overlap), so
+# only it is checked for a later event.
 # Positions are drawn in the statement that reads the clock for recorded_at, so the newest position at
 # or before T is among the events of the last minute before T, if there are any.
 STATE_SQL = f"""
@@ -64,11 +66,14 @@ SELECT head.db_now, head.position, live.*
                  WHERE a.stream_id = g.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
                    AND (a.data ->> 'fencing_token')::bigint = (g.data ->> 'fencing_token')::bigint
                  LIMIT 1) END AS acquired_at
-      FROM events g
-     WHERE g.event_type IN ({_GRANTS}) AND {_SPAN} @> $1::timestamptz
-       AND {_filters("g", "$2", "$3")}
-       AND ($4::text IS NULL OR g.stream_id > $4)
-       AND {_no_event_after("g", "$1")}
+      FROM (SELECT DISTINCT ON (c.stream_id) c.stream_id, c.stream_version, c.event_type, c.data,
+                   c.recorded_at
+              FROM events c
+             WHERE c.event_type IN ({_GRANTS}) AND {_SPAN.replace("g.", "c.")} @> $1::timestamptz
+               AND {_filters("c", "$2", "$3")}
+               AND ($4::text IS NULL OR c.stream_id > $4)
+             ORDER BY c.stream_id, c.stream_version DESC) AS g
+     WHERE {_no_event_after("g", "$1")}
      ORDER BY g.stream_id
      LIMIT $5
   ) AS live ON true

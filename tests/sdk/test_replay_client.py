@@ -87,7 +87,7 @@ async def test_the_state_follows_every_page(
 ) -> None:
     from lockledger import client as client_module
 
-    monkeypatch.setattr(client_module, "_PAGE", 2)  # five leases: three pages
+    monkeypatch.setattr(client_module, "_STATE_PAGE", 2)  # five leases: three pages
     async with await agent(auth_server, issue_token, f"{unique_prefix}agv-2") as client:
         leases = [await client.acquire(f"{unique_prefix}zone-{i}", ttl=30) for i in range(5)]
     state = await investigator.replay_state(await db_now(admin_pool), prefix=unique_prefix)
