@@ -11,7 +11,7 @@ import structlog
 from fastapi import APIRouter, FastAPI
 from fastapi_offline import FastAPIOffline
 
-from api import audit, commands, health, problems, queries, replay, tokens
+from api import audit, commands, health, problems, queries, replay, sagas, tokens
 from api.fast_path import CommandFastPath
 from api.http_protocol import DRAIN
 from api.limits import install_limits
@@ -139,6 +139,7 @@ def create_app(
         app.include_router(router)
     app.include_router(queries.router)
     app.include_router(replay.router)
+    app.include_router(sagas.router)
     app.include_router(audit.router)
     app.include_router(tokens.router)
     app.include_router(health.router)

@@ -4,7 +4,7 @@ An agent's acquire, heartbeat and release are most of the traffic, and FastAPI's
 most of their cost: solving a dependency tree per request, validating each header and path parameter
 through its own pydantic field, re-inspecting the endpoint's signature. Measured: about three quarters of
 the no-op twin's server time per request (docs/decisions/0014-command-route.md). A command endpoint needs
-far less, always the same: authenticate the caller, read three optional headers, refuse query parameters
+far less, always the same: authenticate the caller, read its optional headers, refuse query parameters
 (it has none), check the resource segment, validate one JSON body. ``CommandRoute`` does exactly that, in
 that order (so a request without credentials is 401 before its body is looked at, as with FastAPI's
 dependencies), and then calls the endpoint. Its handler is reached past the router by
@@ -33,6 +33,7 @@ from api.auth import authorize
 from api.request_checks import declared_query, header_text, require_json, unknown_query_errors
 from domain.access import Action, Principal
 from domain.resource import RESOURCE_MAX_LENGTH, RESOURCE_RULE, is_valid_resource
+from domain.saga import SAGA_ID_MAX_LENGTH, SAGA_ID_PATTERN, is_valid_saga_id
 from domain.value import value
 from service.idempotency import MAX_KEY_LENGTH
 from service.lock_service import CommandContext, LockService
@@ -79,6 +80,24 @@ class CommandCaller:
         causation_id: Annotated[
             str | None, Header(alias="X-Causation-ID", max_length=_TRACE_MAX_LENGTH)
         ] = None,
+        saga_id: Annotated[
+            str | None,
+            Header(
+                alias="X-Saga-ID",
+                pattern=SAGA_ID_PATTERN,
+                max_length=SAGA_ID_MAX_LENGTH,
+                description="The saga this command is taken within; kept in the events' metadata.",
+            ),
+        ] = None,
+        saga_step: Annotated[
+            str | None,
+            Header(
+                alias="X-Saga-Step",
+                pattern=SAGA_ID_PATTERN,
+                max_length=SAGA_ID_MAX_LENGTH,
+                description="The saga step this command is taken for.",
+            ),
+        ] = None,
     ) -> CommandCall:
         raise NotImplementedError("served by CommandRoute, which calls from_request")
 
@@ -96,6 +115,8 @@ class CommandCaller:
         idempotency_key = _text_header(request, "Idempotency-Key", errors)
         correlation_id = _text_header(request, "X-Correlation-ID", errors)
         causation_id = _text_header(request, "X-Causation-ID", errors)
+        saga_id = _saga_header(request, "X-Saga-ID", errors)
+        saga_step = _saga_header(request, "X-Saga-Step", errors)
         errors += [
             *_length_errors("Idempotency-Key", idempotency_key, 1, MAX_KEY_LENGTH),
             *_length_errors("X-Correlation-ID", correlation_id, 0, _TRACE_MAX_LENGTH),
@@ -109,6 +130,8 @@ class CommandCaller:
             idempotency_key=idempotency_key,
             correlation_id=correlation_id,
             causation_id=causation_id,
+            saga_id=saga_id,
+            saga_step=saga_step,
         )
         return CommandCall(caller, context, request.app.state.lock_service, request.is_disconnected)
 
@@ -191,6 +214,19 @@ def _text_header(request: Request, header: str, errors: list[dict[str, Any]]) ->
         msg = "Header value should be UTF-8 text"
         errors.append({"type": "string_unicode", "loc": ("header", header), "msg": msg})
         return None
+
+
+def _saga_header(request: Request, header: str, errors: list[dict[str, Any]]) -> str | None:
+    """``X-Saga-ID`` or ``X-Saga-Step``: a saga id or step name (``domain/saga.py``), or absent."""
+    value = _text_header(request, header, errors)
+    if value is None or is_valid_saga_id(value):
+        return value
+    if not value or len(value) > SAGA_ID_MAX_LENGTH:
+        errors += _length_errors(header, value, 1, SAGA_ID_MAX_LENGTH)
+    else:
+        msg = f"String should match pattern '{SAGA_ID_PATTERN}'"
+        errors.append({"type": "string_pattern_mismatch", "loc": ("header", header), "msg": msg})
+    return None
 
 
 def _length_errors(header: str, value: str | None, low: int, high: int) -> list[dict[str, Any]]:

@@ -141,6 +141,12 @@ class LockInfo(BaseModel):
     updated_at: Timestamp
     version: int
     ended_by: str | None
+    saga_id: str | None = Field(
+        default=None, description="The saga the live lease was acquired in (`X-Saga-ID`); null otherwise."
+    )
+    saga_step: str | None = Field(
+        default=None, description="The saga step the live lease was acquired for (`X-Saga-Step`)."
+    )
 
 
 class LockList(BaseModel):

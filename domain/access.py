@@ -24,6 +24,11 @@ class Action(StrEnum):
     READ_STATE = "read_state"
     READ_HISTORY = "read_history"
     MANAGE_TOKENS = "manage_tokens"
+    # Sagas take the same roles as the lock actions they group, so the role table keeps its meaning:
+    # whoever may hold locks may drive a saga (its own: the API checks the owner), whoever may read the
+    # lock state may read sagas. Aliases, not new members.
+    DRIVE_SAGA = "hold"
+    READ_SAGAS = "read_state"
 
 
 _ALLOWED: dict[Role, frozenset[Action]] = {

@@ -30,6 +30,8 @@ class LockView:
     updated_at: datetime
     version: int
     ended_by: str | None
+    saga_id: str | None = None  # the saga the live lease was acquired in (X-Saga-ID); None otherwise
+    saga_step: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +45,8 @@ class LockView:
             "updated_at": self.updated_at,
             "version": self.version,
             "ended_by": self.ended_by,
+            "saga_id": self.saga_id,
+            "saga_step": self.saga_step,
         }
 
 
@@ -61,6 +65,9 @@ def _view(row: asyncpg.Record, now: datetime) -> LockView:
         updated_at=row["updated_at"],
         version=row["version"],
         ended_by=row["ended_by"],
+        # lock_state keeps the saga of the last acquire after the lease ends: shown for a live lease only.
+        saga_id=row["saga_id"] if status == "held" else None,
+        saga_step=row["saga_step"] if status == "held" else None,
     )
 
 

@@ -1,4 +1,5 @@
-"""Rebuild what is derived from the log: the lock_state projection, and the indexes replay reads.
+"""Rebuild what is derived from the log: the lock_state and saga_state projections, and the indexes
+replay reads.
 
 The rebuilt table must equal the inline one row for row (tests/storage/test_rebuild.py proves it after
 a random workload). Each row is what ``domain.decider.evolve`` makes of the stream's last event (its
@@ -9,15 +10,18 @@ lock a lock_state row first), so the log cannot move while it runs.
 
 from __future__ import annotations
 
-from domain.events import DEADLINE_FIELD, LOCK_ACQUIRED
+from domain.events import DEADLINE_FIELD, LOCK_ACQUIRED, PAYLOAD_FIELDS
 from eventstore.connection import Connection
 from eventstore.payloads import is_granting_sql, payload_field_sql
+from projections.saga_state import rebuild_saga_state
 
 _LAST_DATA = "last.data"
+# Saga streams (saga:<id>) share the events table; lock_state holds the lock streams alone.
+_IS_LOCK_EVENT = f"event_type IN ({', '.join(repr(name) for name in sorted(PAYLOAD_FIELDS))})"
 
 REBUILD_SQL = f"""
 INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at, ended_by,
-                        acquired_at, updated_at)
+                        acquired_at, updated_at, saga_id, saga_step)
 SELECT last.stream_id,
        last.stream_version,
        CASE WHEN {is_granting_sql("last.event_type")} THEN 'held' ELSE 'free' END,
@@ -27,13 +31,15 @@ SELECT last.stream_id,
        {payload_field_sql(_LAST_DATA, DEADLINE_FIELD)},
        CASE WHEN {is_granting_sql("last.event_type")} THEN NULL ELSE last.event_type END,
        acquired.recorded_at,
-       last.recorded_at
+       last.recorded_at,
+       acquired.metadata ->> 'saga_id',
+       acquired.metadata ->> 'saga_step'
   FROM (SELECT DISTINCT ON (stream_id) stream_id, stream_version, event_type, data, recorded_at
-          FROM events ORDER BY stream_id, stream_version DESC) AS last
+          FROM events WHERE {_IS_LOCK_EVENT} ORDER BY stream_id, stream_version DESC) AS last
   LEFT JOIN (SELECT DISTINCT ON (stream_id) stream_id, {payload_field_sql("data", "ttl_ms")} AS ttl_ms
                FROM events WHERE {is_granting_sql("event_type")}
               ORDER BY stream_id, stream_version DESC) AS grant_ USING (stream_id)
-  LEFT JOIN (SELECT DISTINCT ON (stream_id) stream_id, recorded_at
+  LEFT JOIN (SELECT DISTINCT ON (stream_id) stream_id, recorded_at, metadata
                FROM events WHERE event_type = '{LOCK_ACQUIRED}'
               ORDER BY stream_id, stream_version DESC) AS acquired USING (stream_id)
 """
@@ -48,6 +54,9 @@ async def rebuild_lock_state(conn: Connection) -> int:
         await conn.execute("LOCK TABLE lock_state IN EXCLUSIVE MODE")
         await conn.execute("DELETE FROM lock_state")
         status = await conn.execute(REBUILD_SQL)
+        # The other inline projection, saga_state, in the same transaction (`lockledger rebuild` calls
+        # this function alone).
+        await rebuild_saga_state(conn)
     return int(status.split()[-1])
 
 

@@ -13,6 +13,7 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from domain.state import LockState
 from eventstore.schema import metadata
+from projections.saga_state import saga_state
 
 lock_state = Table(
     "lock_state",
@@ -27,12 +28,18 @@ lock_state = Table(
     Column("ended_by", Text),
     Column("acquired_at", TIMESTAMP(timezone=True)),
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False),
+    # The saga the lease was acquired in (X-Saga-ID, X-Saga-Step of the acquire), like acquired_at.
+    Column("saga_id", Text),
+    Column("saga_step", Text),
     CheckConstraint("status IN ('held', 'free')", name="lock_state_status_check"),
     # Dashboards: locks of one agent, leases expiring soon (also the reaper's scan), resources by prefix.
     Index("lock_state_owner_idx", "owner", postgresql_where=text("status = 'held'")),
     Index("lock_state_expires_at_idx", "expires_at", postgresql_where=text("status = 'held'")),
     Index("lock_state_resource_prefix_idx", text("resource text_pattern_ops")),
 )
+
+
+__all__ = ["lock_state", "lock_state_from_row", "saga_state"]  # saga_state: registered on the MetaData
 
 
 class Row(Protocol):

@@ -43,6 +43,7 @@ class CommandContext:
     correlation_id: str | None = None
     causation_id: str | None = None
     saga_id: str | None = None
+    saga_step: str | None = None
 
 
 class LockService:
@@ -213,7 +214,7 @@ def _describe(command: Command) -> tuple[str, dict[str, Any]]:
 
 def _metadata(command: str, ctx: CommandContext) -> dict[str, Any]:
     metadata: dict[str, Any] = {"command": command, "actor": ctx.principal}
-    for key in ("idempotency_key", "correlation_id", "causation_id", "saga_id"):
+    for key in ("idempotency_key", "correlation_id", "causation_id", "saga_id", "saga_step"):
         value = getattr(ctx, key)
         if value is not None:
             metadata[key] = value

@@ -1,0 +1,533 @@
+"""The saga decider: ``decide(state, command) -> events`` and ``evolve(state, event) -> state``.
+
+A saga is an ordered list of steps, each taking some locks. Steps run one after another; a failed step or
+an abort stops the forward run, and every completed step is then compensated, last completed first. A
+compensation that fails is retried by the orchestrator; the fifth failure of one step's compensation
+leaves the saga ``stuck`` for an operator. ``completed``, ``aborted`` and ``stuck`` are final.
+
+Repeating a transition that already happened (the same step, the same target) changes nothing: ``decide``
+returns no events, so an orchestrator that resumes may redo its last call safely. Any other transition
+the state does not allow raises :class:`SagaConflict`, which names the saga's status and the step it
+expects next. Pure functions over plain data, like ``domain/decider.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from domain.errors import DomainError, InvalidCommand
+from domain.value import value
+
+# A saga id or step name is one URL path segment: the resource rule (not only dots, which a client would
+# normalize away), at most 100 characters.
+SAGA_ID_PATTERN = r"^[A-Za-z0-9._:\-]*[A-Za-z0-9_:\-][A-Za-z0-9._:\-]*$"
+SAGA_ID_MAX_LENGTH = 100
+MAX_STEPS = 32
+MAX_LOCKS_PER_STEP = 16
+MAX_RESULT_BYTES = 4096
+MAX_COMPENSATION_FAILURES = 5  # the fifth failure of one step's compensation makes the saga stuck
+STREAM_PREFIX = "saga/"  # "/" is never in a lock resource: no lock can share a saga's stream
+
+_ID_RE = re.compile(SAGA_ID_PATTERN)
+
+SagaStatus = Literal["running", "compensating", "completed", "aborted", "stuck"]
+StepStatus = Literal["pending", "running", "completed", "failed", "compensating", "compensated"]
+Policy = Literal["compensate", "forward"]
+TERMINAL: frozenset[str] = frozenset({"completed", "aborted", "stuck"})
+
+SAGA_STARTED = "SAGA_STARTED"
+STEP_STARTED = "STEP_STARTED"
+STEP_COMPLETED = "STEP_COMPLETED"
+STEP_FAILED = "STEP_FAILED"
+SAGA_ABORT_REQUESTED = "SAGA_ABORT_REQUESTED"
+COMPENSATION_STARTED = "COMPENSATION_STARTED"
+COMPENSATION_COMPLETED = "COMPENSATION_COMPLETED"
+COMPENSATION_FAILED = "COMPENSATION_FAILED"
+SAGA_COMPLETED = "SAGA_COMPLETED"
+SAGA_ABORTED = "SAGA_ABORTED"
+SAGA_STUCK = "SAGA_STUCK"
+
+
+def is_valid_saga_id(text: str) -> bool:
+    """A saga id or a step name: ``SAGA_ID_PATTERN``, 1-100 characters."""
+    return len(text) <= SAGA_ID_MAX_LENGTH and _ID_RE.match(text) is not None
+
+
+def stream_id(saga_id: str) -> str:
+    """The saga's stream in the events table."""
+    return STREAM_PREFIX + saga_id
+
+
+# --- state -------------------------------------------------------------------------------------------
+
+
+@value
+class StepDef:
+    name: str
+    locks: tuple[str, ...]
+
+
+@value
+class StepState:
+    name: str
+    locks: tuple[str, ...]
+    status: StepStatus = "pending"
+    result: str | None = None  # what the step recorded, as JSON text (stored as given)
+    error: str | None = None
+    compensation_failures: int = 0
+
+
+@value
+class SagaState:
+    """A saga folded from its stream; ``version`` 0 and ``status`` None: never started."""
+
+    saga_id: str
+    version: int = 0
+    name: str = ""
+    owner: str = ""
+    policy: Policy = "compensate"
+    status: SagaStatus | None = None
+    reason: str | None = None
+    steps: tuple[StepState, ...] = ()
+
+    def step(self, name: str) -> StepState | None:
+        return next((step for step in self.steps if step.name == name), None)
+
+    def definition(self) -> tuple[str, str, Policy, tuple[StepDef, ...]]:
+        return self.name, self.owner, self.policy, tuple(StepDef(s.name, s.locks) for s in self.steps)
+
+    def expected_step(self) -> str | None:
+        """The step the saga waits on: the running one, the next to start, or the next to compensate."""
+        if self.status in TERMINAL or self.status is None:
+            return None
+        busy = [s.name for s in self.steps if s.status in ("running", "compensating")]
+        if busy:
+            return busy[0]
+        if self.status == "running":
+            return next((s.name for s in self.steps if s.status == "pending"), None)
+        return next((s.name for s in reversed(self.steps) if s.status == "completed"), None)
+
+
+def initial_saga(saga_id: str) -> SagaState:
+    return SagaState(saga_id=saga_id)
+
+
+# --- commands ----------------------------------------------------------------------------------------
+
+
+@value
+class StartSaga:
+    saga_id: str
+    name: str
+    owner: str
+    steps: tuple[StepDef, ...]
+    policy: Policy = "compensate"
+
+
+@value
+class StartStep:
+    saga_id: str
+    step: str
+
+
+@value
+class CompleteStep:
+    saga_id: str
+    step: str
+    result: str | None = None  # JSON text
+
+
+@value
+class FailStep:
+    saga_id: str
+    step: str
+    reason: str
+
+
+@value
+class StartCompensation:
+    saga_id: str
+    step: str
+
+
+@value
+class CompleteCompensation:
+    saga_id: str
+    step: str
+
+
+@value
+class FailCompensation:
+    saga_id: str
+    step: str
+    reason: str
+
+
+@value
+class CompleteSaga:
+    saga_id: str
+
+
+@value
+class AbortSaga:
+    saga_id: str
+    reason: str
+    by: str = ""
+
+
+SagaCommand = (
+    StartSaga | StartStep | CompleteStep | FailStep | StartCompensation | CompleteCompensation
+    | FailCompensation | CompleteSaga | AbortSaga
+)  # fmt: skip
+
+
+# --- events ------------------------------------------------------------------------------------------
+
+
+@value
+class SagaStarted:
+    name: str
+    owner: str
+    policy: Policy
+    steps: tuple[StepDef, ...]
+    type: str = SAGA_STARTED
+
+
+@value
+class StepStarted:
+    step: str
+    type: str = STEP_STARTED
+
+
+@value
+class StepCompleted:
+    step: str
+    result: str | None
+    type: str = STEP_COMPLETED
+
+
+@value
+class StepFailed:
+    step: str
+    reason: str
+    type: str = STEP_FAILED
+
+
+@value
+class SagaAbortRequested:
+    reason: str
+    by: str
+    type: str = SAGA_ABORT_REQUESTED
+
+
+@value
+class CompensationStarted:
+    step: str
+    type: str = COMPENSATION_STARTED
+
+
+@value
+class CompensationCompleted:
+    step: str
+    type: str = COMPENSATION_COMPLETED
+
+
+@value
+class CompensationFailed:
+    step: str
+    reason: str
+    failures: int  # this step's compensation failures so far, this one included
+    type: str = COMPENSATION_FAILED
+
+
+@value
+class SagaCompleted:
+    type: str = SAGA_COMPLETED
+
+
+@value
+class SagaAborted:
+    reason: str | None
+    type: str = SAGA_ABORTED
+
+
+@value
+class SagaStuck:
+    step: str
+    reason: str
+    type: str = SAGA_STUCK
+
+
+SagaEvent = (
+    SagaStarted | StepStarted | StepCompleted | StepFailed | SagaAbortRequested | CompensationStarted
+    | CompensationCompleted | CompensationFailed | SagaCompleted | SagaAborted | SagaStuck
+)  # fmt: skip
+
+
+# --- errors ------------------------------------------------------------------------------------------
+
+
+class SagaConflict(DomainError):
+    """A transition the saga's state does not allow (409 ``saga_conflict``)."""
+
+    code = "saga_conflict"
+
+    def __init__(self, state: SagaState, detail: str) -> None:
+        super().__init__(stream_id(state.saga_id), detail)
+        self.saga_id = state.saga_id
+        self.status = state.status
+        self.expected_step = state.expected_step()
+
+
+class SagaNotFound(DomainError):
+    code = "not_found"
+
+    def __init__(self, saga_id: str) -> None:
+        super().__init__(stream_id(saga_id), f"no saga {saga_id}")
+        self.saga_id = saga_id
+
+
+class SagaDefinitionConflict(DomainError):
+    """The saga id is taken by a saga with another definition (409 ``conflict``)."""
+
+    code = "conflict"
+
+    def __init__(self, saga_id: str) -> None:
+        super().__init__(stream_id(saga_id), f"saga {saga_id} exists with another definition")
+        self.saga_id = saga_id
+
+
+# --- decide ------------------------------------------------------------------------------------------
+
+
+def decide(state: SagaState, command: SagaCommand) -> list[SagaEvent]:
+    """The events ``command`` causes on a saga in ``state``; none for a transition that already happened.
+
+    Raises :class:`SagaNotFound` for a saga never started, :class:`SagaDefinitionConflict` for a second
+    start with another definition, :class:`SagaConflict` for a transition the state does not allow.
+    """
+    if isinstance(command, StartSaga):
+        return _start(state, command)
+    if state.status is None:
+        raise SagaNotFound(state.saga_id)
+    if isinstance(command, CompleteSaga):
+        return _complete_saga(state)
+    if isinstance(command, AbortSaga):
+        return _abort(state, command)
+    step = state.step(command.step)
+    if step is None:
+        raise SagaConflict(state, f"saga {state.saga_id} has no step {command.step}")
+    if isinstance(command, StartStep):
+        return _start_step(state, step)
+    if isinstance(command, CompleteStep):
+        return _complete_step(state, step, command.result)
+    if isinstance(command, FailStep):
+        return _fail_step(state, step, command.reason)
+    if isinstance(command, StartCompensation):
+        return _start_compensation(state, step)
+    if isinstance(command, CompleteCompensation):
+        return _complete_compensation(state, step)
+    assert isinstance(command, FailCompensation)
+    return _fail_compensation(state, step, command.reason)
+
+
+def _refuse(state: SagaState, what: str) -> SagaConflict:
+    expected = state.expected_step()
+    wants = f"; it expects step {expected}" if expected is not None else ""
+    return SagaConflict(state, f"saga {state.saga_id} is {state.status}: cannot {what}{wants}")
+
+
+def _start(state: SagaState, command: StartSaga) -> list[SagaEvent]:
+    _validate_definition(command)
+    if state.status is not None:
+        if state.definition() == (command.name, command.owner, command.policy, command.steps):
+            return []
+        raise SagaDefinitionConflict(state.saga_id)
+    return [SagaStarted(command.name, command.owner, command.policy, command.steps)]
+
+
+def _validate_definition(command: StartSaga) -> None:
+    problems = []
+    if not is_valid_saga_id(command.saga_id):
+        problems.append("saga_id must be 1-100 characters of [A-Za-z0-9._:-], not only dots")
+    if not 1 <= len(command.steps) <= MAX_STEPS:
+        problems.append(f"a saga has 1-{MAX_STEPS} steps")
+    names = [step.name for step in command.steps]
+    if len(set(names)) != len(names):
+        problems.append("step names must be unique")
+    if any(not is_valid_saga_id(name) for name in names):
+        problems.append("a step name is 1-100 characters of [A-Za-z0-9._:-], not only dots")
+    if any(len(step.locks) > MAX_LOCKS_PER_STEP for step in command.steps):
+        problems.append(f"a step takes at most {MAX_LOCKS_PER_STEP} locks")
+    if problems:
+        raise InvalidCommand(stream_id(command.saga_id), "; ".join(problems))
+
+
+def _start_step(state: SagaState, step: StepState) -> list[SagaEvent]:
+    if step.status == "running":
+        return []
+    if state.status != "running" or step.name != state.expected_step() or step.status != "pending":
+        raise _refuse(state, f"start step {step.name}")
+    return [StepStarted(step.name)]
+
+
+def _complete_step(state: SagaState, step: StepState, result: str | None) -> list[SagaEvent]:
+    if step.status == "completed" and step.result == result:
+        return []
+    if step.status != "running" or state.status in TERMINAL:
+        raise _refuse(state, f"complete step {step.name}")
+    # A step still running when the saga was aborted may finish; it is then compensated like the others.
+    return [StepCompleted(step.name, result)]
+
+
+def _fail_step(state: SagaState, step: StepState, reason: str) -> list[SagaEvent]:
+    if step.status == "failed" and step.error == reason:
+        return []
+    if step.status != "running" or state.status in TERMINAL:
+        raise _refuse(state, f"fail step {step.name}")
+    event = StepFailed(step.name, reason)
+    return [event, *_aborted_if_done(evolve(state, event))]
+
+
+def _abort(state: SagaState, command: AbortSaga) -> list[SagaEvent]:
+    if state.status in ("compensating", "aborted"):
+        return []  # already aborting or aborted: the abort happened
+    if state.status != "running":
+        raise _refuse(state, "abort")
+    event = SagaAbortRequested(command.reason, command.by)
+    return [event, *_aborted_if_done(evolve(state, event))]
+
+
+def _start_compensation(state: SagaState, step: StepState) -> list[SagaEvent]:
+    if step.status == "compensating":
+        return []
+    if state.status != "compensating" or step.status != "completed" or step.name != state.expected_step():
+        raise _refuse(state, f"start compensating step {step.name}")
+    return [CompensationStarted(step.name)]
+
+
+def _complete_compensation(state: SagaState, step: StepState) -> list[SagaEvent]:
+    if step.status == "compensated":
+        return []
+    if state.status != "compensating" or step.status != "compensating":
+        raise _refuse(state, f"complete the compensation of step {step.name}")
+    event = CompensationCompleted(step.name)
+    return [event, *_aborted_if_done(evolve(state, event))]
+
+
+def _fail_compensation(state: SagaState, step: StepState, reason: str) -> list[SagaEvent]:
+    if state.status == "stuck" and step.compensation_failures >= MAX_COMPENSATION_FAILURES:
+        return []  # the failure that made it stuck, repeated
+    if state.status != "compensating" or step.status != "compensating":
+        raise _refuse(state, f"fail the compensation of step {step.name}")
+    failures = step.compensation_failures + 1
+    events: list[SagaEvent] = [CompensationFailed(step.name, reason, failures)]
+    if failures >= MAX_COMPENSATION_FAILURES:
+        events.append(SagaStuck(step.name, reason))
+    return events
+
+
+def _complete_saga(state: SagaState) -> list[SagaEvent]:
+    if state.status == "completed":
+        return []
+    if state.status != "running" or any(step.status != "completed" for step in state.steps):
+        raise _refuse(state, "complete")
+    return [SagaCompleted()]
+
+
+def _aborted_if_done(state: SagaState) -> list[SagaEvent]:
+    """``SAGA_ABORTED`` once a compensating saga has nothing left running and nothing to compensate."""
+    if state.status != "compensating":
+        return []
+    if any(step.status in ("running", "compensating", "completed") for step in state.steps):
+        return []
+    return [SagaAborted(state.reason)]
+
+
+# --- evolve ------------------------------------------------------------------------------------------
+
+
+def evolve(state: SagaState, event: SagaEvent) -> SagaState:
+    """The saga after ``event``."""
+    version = state.version + 1
+    if isinstance(event, SagaStarted):
+        steps = tuple(StepState(step.name, step.locks) for step in event.steps)
+        return SagaState(
+            state.saga_id, version, event.name, event.owner, event.policy, "running", None, steps
+        )
+    if isinstance(event, StepStarted):
+        return _with_step(state, version, event.step, status="running")
+    if isinstance(event, StepCompleted):
+        return _with_step(state, version, event.step, status="completed", result=event.result)
+    if isinstance(event, StepFailed):
+        failed = _with_step(state, version, event.step, status="failed", error=event.reason)
+        return _with(failed, status="compensating", reason=event.reason)
+    if isinstance(event, SagaAbortRequested):
+        return _with(state, version=version, status="compensating", reason=event.reason)
+    if isinstance(event, CompensationStarted):
+        return _with_step(state, version, event.step, status="compensating")
+    if isinstance(event, CompensationCompleted):
+        return _with_step(state, version, event.step, status="compensated")
+    if isinstance(event, CompensationFailed):
+        return _with_step(
+            state, version, event.step, error=event.reason, compensation_failures=event.failures
+        )
+    if isinstance(event, SagaCompleted):
+        return _with(state, version=version, status="completed")
+    if isinstance(event, SagaAborted):
+        return _with(state, version=version, status="aborted")
+    assert isinstance(event, SagaStuck)
+    return _with(state, version=version, status="stuck", reason=event.reason)
+
+
+def fold(state: SagaState, events: list[SagaEvent]) -> SagaState:
+    for event in events:
+        state = evolve(state, event)
+    return state
+
+
+def _with(
+    state: SagaState,
+    *,
+    version: int | None = None,
+    status: SagaStatus | None = None,
+    reason: str | None = None,
+    steps: tuple[StepState, ...] | None = None,
+) -> SagaState:
+    return SagaState(
+        state.saga_id,
+        state.version if version is None else version,
+        state.name,
+        state.owner,
+        state.policy,
+        state.status if status is None else status,
+        state.reason if reason is None else reason,
+        state.steps if steps is None else steps,
+    )
+
+
+def _with_step(
+    state: SagaState,
+    version: int,
+    name: str,
+    *,
+    status: StepStatus | None = None,
+    result: str | None = None,
+    error: str | None = None,
+    compensation_failures: int | None = None,
+) -> SagaState:
+    steps = tuple(
+        StepState(
+            step.name,
+            step.locks,
+            step.status if status is None else status,
+            step.result if result is None else result,
+            step.error if error is None else error,
+            step.compensation_failures if compensation_failures is None else compensation_failures,
+        )
+        if step.name == name
+        else step
+        for step in state.steps
+    )
+    return _with(state, version=version, steps=steps)

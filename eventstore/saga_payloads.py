@@ -1,0 +1,99 @@
+"""Saga event payloads: the JSON body of each saga event in the log, and back.
+
+One module for every saga payload, as ``domain/events.py`` is for lock payloads. A saga's stream is
+``saga:<id>`` in the same events table (same append, same hash chain); the saga id lives in the stream id,
+the event type in its own column. A step's ``result`` is kept as the JSON text the client sent, so any
+JSON object can be stored (a NUL in a string, which jsonb cannot hold, stays escaped inside the text).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from domain.saga import (
+    COMPENSATION_COMPLETED,
+    COMPENSATION_FAILED,
+    COMPENSATION_STARTED,
+    SAGA_ABORT_REQUESTED,
+    SAGA_ABORTED,
+    SAGA_COMPLETED,
+    SAGA_STARTED,
+    SAGA_STUCK,
+    STEP_COMPLETED,
+    STEP_FAILED,
+    STEP_STARTED,
+    CompensationCompleted,
+    CompensationFailed,
+    CompensationStarted,
+    SagaAborted,
+    SagaAbortRequested,
+    SagaCompleted,
+    SagaEvent,
+    SagaStarted,
+    SagaStuck,
+    StepCompleted,
+    StepDef,
+    StepFailed,
+    StepStarted,
+)
+
+SAGA_EVENT_TYPES = frozenset(
+    {
+        SAGA_STARTED, STEP_STARTED, STEP_COMPLETED, STEP_FAILED, SAGA_ABORT_REQUESTED, COMPENSATION_STARTED,
+        COMPENSATION_COMPLETED, COMPENSATION_FAILED, SAGA_COMPLETED, SAGA_ABORTED, SAGA_STUCK,
+    }
+)  # fmt: skip
+
+
+def saga_event_payload(event: SagaEvent) -> dict[str, Any]:
+    """The JSON body stored in the log for ``event``."""
+    if isinstance(event, SagaStarted):
+        return {
+            "name": event.name,
+            "owner": event.owner,
+            "policy": event.policy,
+            "steps": [{"name": step.name, "locks": list(step.locks)} for step in event.steps],
+        }
+    if isinstance(event, StepCompleted):
+        return {"step": event.step, "result": event.result}
+    if isinstance(event, StepFailed):
+        return {"step": event.step, "reason": event.reason}
+    if isinstance(event, SagaAbortRequested):
+        return {"reason": event.reason, "by": event.by}
+    if isinstance(event, CompensationFailed):
+        return {"step": event.step, "reason": event.reason, "failures": event.failures}
+    if isinstance(event, SagaStuck):
+        return {"step": event.step, "reason": event.reason}
+    if isinstance(event, SagaAborted):
+        return {"reason": event.reason}
+    if isinstance(event, SagaCompleted):
+        return {}
+    return {"step": event.step}  # STEP_STARTED, COMPENSATION_STARTED, COMPENSATION_COMPLETED
+
+
+def saga_event_from_payload(event_type: str, data: dict[str, Any]) -> SagaEvent:
+    """Inverse of :func:`saga_event_payload`, used by rebuild."""
+    if event_type == SAGA_STARTED:
+        steps = tuple(StepDef(str(s["name"]), tuple(str(r) for r in s["locks"])) for s in data["steps"])
+        return SagaStarted(str(data["name"]), str(data["owner"]), data["policy"], steps)
+    if event_type == STEP_STARTED:
+        return StepStarted(str(data["step"]))
+    if event_type == STEP_COMPLETED:
+        return StepCompleted(str(data["step"]), data.get("result"))
+    if event_type == STEP_FAILED:
+        return StepFailed(str(data["step"]), str(data["reason"]))
+    if event_type == SAGA_ABORT_REQUESTED:
+        return SagaAbortRequested(str(data["reason"]), str(data.get("by", "")))
+    if event_type == COMPENSATION_STARTED:
+        return CompensationStarted(str(data["step"]))
+    if event_type == COMPENSATION_COMPLETED:
+        return CompensationCompleted(str(data["step"]))
+    if event_type == COMPENSATION_FAILED:
+        return CompensationFailed(str(data["step"]), str(data["reason"]), int(data["failures"]))
+    if event_type == SAGA_COMPLETED:
+        return SagaCompleted()
+    if event_type == SAGA_ABORTED:
+        return SagaAborted(data.get("reason"))
+    if event_type == SAGA_STUCK:
+        return SagaStuck(str(data["step"]), str(data["reason"]))
+    raise ValueError(f"unknown saga event type {event_type!r}")

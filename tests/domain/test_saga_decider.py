@@ -1,0 +1,267 @@
+"""Stateful property test of the saga decider.
+
+An orchestrator (and an admin) send random transitions, valid or not, to one saga of a few steps. The
+machine keeps the saga folded with ``evolve`` and the full log of emitted events, and checks after every
+step the saga invariants: no step starts after a failure or an abort; steps start in order; on abort
+every completed step is compensated exactly once, last completed first; terminal states are final; the
+fifth failure of one compensation, and only it, makes the saga stuck; a repeated transition changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from domain.saga import (
+    COMPENSATION_COMPLETED,
+    COMPENSATION_FAILED,
+    COMPENSATION_STARTED,
+    MAX_COMPENSATION_FAILURES,
+    SAGA_ABORT_REQUESTED,
+    SAGA_ABORTED,
+    SAGA_COMPLETED,
+    SAGA_STUCK,
+    STEP_COMPLETED,
+    STEP_FAILED,
+    STEP_STARTED,
+    TERMINAL,
+    AbortSaga,
+    CompleteCompensation,
+    CompleteSaga,
+    CompleteStep,
+    FailCompensation,
+    FailStep,
+    SagaCommand,
+    SagaConflict,
+    SagaEvent,
+    SagaNotFound,
+    SagaState,
+    StartCompensation,
+    StartSaga,
+    StartStep,
+    StepDef,
+    decide,
+    evolve,
+    fold,
+    initial_saga,
+)
+
+STEPS = ("reserve", "pick", "move", "drop")
+SAGA = "s-1"
+
+steps = st.sampled_from(STEPS)
+reasons = st.sampled_from(("motor", "blocked", "timeout"))
+results = st.sampled_from((None, '{"bin": 4}', '{"bin": 5}'))
+
+
+def _step_of(event: SagaEvent) -> str | None:
+    return getattr(event, "step", None)
+
+
+class SagaMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state: SagaState = initial_saga(SAGA)
+        self.log: list[SagaEvent] = []
+        self.definition = StartSaga(
+            SAGA, "move pallet", "agv-1", tuple(StepDef(s, (f"r:{s}",)) for s in STEPS)
+        )
+
+    @initialize(count=st.integers(min_value=3, max_value=len(STEPS)))
+    def start(self, count: int) -> None:
+        with_steps = StartSaga(SAGA, "move pallet", "agv-1", self.definition.steps[:count])
+        self.definition = with_steps
+        self._send(with_steps)
+
+    def _send(self, command: SagaCommand) -> list[SagaEvent] | None:
+        before = self.state
+        refused: SagaConflict | None = None
+        events: list[SagaEvent] = []
+        try:
+            events = decide(before, command)
+        except SagaConflict as refusal:
+            refused = refusal
+        if refused is not None:  # a refusal names the saga's status and the step it expects
+            assert (refused.status, refused.expected_step) == (before.status, before.expected_step())
+            return None
+        self.state = fold(before, events)
+        self.log.extend(events)
+        assert self.state.version == before.version + len(events)
+        if before.status in TERMINAL:
+            assert events == [], "a terminal saga moved"
+        if not isinstance(command, FailCompensation) or self.state.status == "stuck":
+            # The same transition again, now that it happened, changes nothing.
+            assert decide(self.state, command) == []
+        return events
+
+    # --- the orchestrator's transitions (in any order: most are refused) ---
+
+    @rule(step=steps)
+    def start_step(self, step: str) -> None:
+        self._send(StartStep(SAGA, step))
+
+    @rule(step=steps, result=results)
+    def complete_step(self, step: str, result: str | None) -> None:
+        self._send(CompleteStep(SAGA, step, result))
+
+    @rule(step=steps, reason=reasons)
+    def fail_step(self, step: str, reason: str) -> None:
+        self._send(FailStep(SAGA, step, reason))
+
+    @rule(step=steps)
+    def start_compensation(self, step: str) -> None:
+        self._send(StartCompensation(SAGA, step))
+
+    @rule(step=steps)
+    def complete_compensation(self, step: str) -> None:
+        self._send(CompleteCompensation(SAGA, step))
+
+    @rule(step=steps, reason=reasons)
+    def fail_compensation(self, step: str, reason: str) -> None:
+        self._send(FailCompensation(SAGA, step, reason))
+
+    @rule()
+    def complete(self) -> None:
+        self._send(CompleteSaga(SAGA))
+
+    @rule(reason=reasons)
+    def abort(self, reason: str) -> None:
+        self._send(AbortSaga(SAGA, reason, "admin"))
+
+    @rule()
+    def start_again(self) -> None:
+        """The same definition again is the create repeated: nothing happens."""
+        assert decide(self.state, self.definition) == []
+
+    # --- the orchestrator follows the saga's lead: the expected step's next transition ---
+
+    @rule(data=st.data())
+    def start_compensation_of_a_completed_step(self, data: st.DataObject) -> None:
+        """Any completed step, not only the one the saga expects: all but the last completed are refused."""
+        completed = [step.name for step in self.state.steps if step.status == "completed"]
+        if completed:
+            self._send(StartCompensation(SAGA, data.draw(st.sampled_from(completed))))
+
+    @rule(outcomes=st.lists(st.integers(min_value=0, max_value=4), min_size=1, max_size=16), reason=reasons)
+    def drive(self, outcomes: list[int], reason: str) -> None:
+        """A run of the saga's expected transitions: a step fails one time in five, a compensation three
+        times in five (so sagas both finish compensating and get stuck)."""
+        for outcome in outcomes:
+            self._drive_once(outcome, reason)
+
+    def _drive_once(self, outcome: int, reason: str) -> None:
+        expected = self.state.expected_step()
+        if expected is None:
+            if self.state.status == "running":
+                self._send(CompleteSaga(SAGA))
+            return
+        step = self.state.step(expected)
+        assert step is not None
+        command: SagaCommand
+        if step.status == "pending":
+            command = StartStep(SAGA, expected)
+        elif step.status == "running":
+            step_fails = outcome == 4
+            command = FailStep(SAGA, expected, reason) if step_fails else CompleteStep(SAGA, expected, None)
+        elif step.status == "completed":
+            command = StartCompensation(SAGA, expected)
+        else:
+            assert step.status == "compensating"
+            compensation_fails = outcome >= 2
+            command = (
+                FailCompensation(SAGA, expected, reason)
+                if compensation_fails
+                else CompleteCompensation(SAGA, expected)
+            )
+        assert self._send(command), f"the expected transition {command} was refused"
+
+    # --- invariants over the log ---
+
+    @invariant()
+    def state_is_the_fold_of_the_log(self) -> None:
+        replayed = initial_saga(SAGA)
+        for event in self.log:
+            replayed = evolve(replayed, event)
+        assert replayed == self.state
+
+    @invariant()
+    def no_step_starts_after_a_failure_or_an_abort(self) -> None:
+        stopped = False
+        for event in self.log:
+            if event.type in (STEP_FAILED, SAGA_ABORT_REQUESTED):
+                stopped = True
+            if event.type == STEP_STARTED:
+                assert not stopped
+
+    @invariant()
+    def steps_start_in_order_one_at_a_time(self) -> None:
+        started = [_step_of(e) for e in self.log if e.type == STEP_STARTED]
+        names = [step.name for step in self.definition.steps]
+        assert started == names[: len(started)]
+        running = [s for s in self.state.steps if s.status == "running"]
+        assert len(running) <= 1
+
+    @invariant()
+    def compensation_is_of_completed_steps_in_reverse_order_once_each(self) -> None:
+        completed = [_step_of(e) for e in self.log if e.type == STEP_COMPLETED]
+        started = [_step_of(e) for e in self.log if e.type == COMPENSATION_STARTED]
+        compensated = [_step_of(e) for e in self.log if e.type == COMPENSATION_COMPLETED]
+        assert len(set(compensated)) == len(compensated)
+        assert started == list(reversed(completed))[: len(started)]
+        assert compensated == started[: len(compensated)]
+        if self.state.status == "aborted":
+            assert compensated == list(reversed(completed))
+
+    @invariant()
+    def terminal_events_end_the_log(self) -> None:
+        ends = [i for i, e in enumerate(self.log) if e.type in (SAGA_COMPLETED, SAGA_ABORTED, SAGA_STUCK)]
+        assert ends == [] or ends == [len(self.log) - 1]
+
+    @invariant()
+    def stuck_exactly_at_the_fifth_failure_of_one_compensation(self) -> None:
+        failures: dict[str | None, int] = {}
+        for event in self.log:
+            if event.type == COMPENSATION_FAILED:
+                failures[_step_of(event)] = failures.get(_step_of(event), 0) + 1
+        stuck = self.state.status == "stuck"
+        assert stuck == any(count >= MAX_COMPENSATION_FAILURES for count in failures.values())
+        assert all(count <= MAX_COMPENSATION_FAILURES for count in failures.values())
+
+    @invariant()
+    def completed_means_every_step_completed(self) -> None:
+        if self.state.status == "completed":
+            assert all(step.status == "completed" for step in self.state.steps)
+
+
+SagaMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestSagaDecider = SagaMachine.TestCase
+
+
+def test_a_saga_never_started_is_not_found() -> None:
+    with pytest.raises(SagaNotFound) as raised:
+        decide(initial_saga("nope"), StartStep("nope", "a"))
+    assert raised.value.code == "not_found"
+
+
+def test_a_failed_first_step_aborts_at_once_and_a_late_step_is_compensated() -> None:
+    start = StartSaga("s", "n", "o", (StepDef("a", ()), StepDef("b", ())))
+    state = fold(initial_saga("s"), decide(initial_saga("s"), start))
+    state = fold(state, decide(state, StartStep("s", "a")))
+    # Aborted while step a runs: it may still finish, and is then compensated.
+    state = fold(state, decide(state, AbortSaga("s", "stop", "admin")))
+    assert state.status == "compensating"
+    state = fold(state, decide(state, CompleteStep("s", "a", None)))
+    assert state.expected_step() == "a"
+    state = fold(state, decide(state, StartCompensation("s", "a")))
+    state = fold(state, decide(state, CompleteCompensation("s", "a")))
+    assert state.status == "aborted"
+
+    other = fold(initial_saga("s"), decide(initial_saga("s"), start))
+    other = fold(other, decide(other, StartStep("s", "a")))
+    events = decide(other, FailStep("s", "a", "motor"))
+    assert [e.type for e in events] == [STEP_FAILED, SAGA_ABORTED]
