@@ -11,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from api.auth import require
 from api.models import AgentEvent, AgentHistory, Change, Changes, Instant, ReplayLease, ReplayState
@@ -43,7 +43,7 @@ async def state(
     owner: Owner = None,
     cursor: Annotated[str | None, Query(pattern=RESOURCE_PATTERN, max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000, description="Up to 10,000: a whole fleet at once.")] = 100,
-) -> ReplayState:
+) -> Response:
     """Every lease live at `at`, by resource: its holder, fencing token, when it was acquired and the
     deadline as known at that instant. A lease whose deadline had passed is not live, whether or not its
     `LOCK_EXPIRED` was recorded yet."""
@@ -53,7 +53,10 @@ async def state(
         except replay.FutureInstant as error:
             raise _invalid("at", str(error)) from error
     locks = [ReplayLease.model_validate(lease, from_attributes=True) for lease in found.locks]
-    return ReplayState(at=found.at, position=found.position, locks=locks, next_cursor=found.next_cursor)
+    state = ReplayState(at=found.at, position=found.position, locks=locks, next_cursor=found.next_cursor)
+    # Rendered here, once: a whole fleet's state is thousands of leases, and FastAPI would validate the
+    # returned model again before serializing it.
+    return Response(state.model_dump_json(), media_type="application/json")
 
 
 @router.get("/v1/replay/changes", response_model=Changes, response_model_by_alias=True)

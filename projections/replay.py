@@ -53,21 +53,21 @@ def _filters(alias: str, prefix: str, owner: str) -> str:
 STATE_SQL = f"""
 SELECT head.db_now, head.position, live.*
   FROM (SELECT clock_timestamp() AS db_now, coalesce(
-               (SELECT max(position) FROM events
+               (SELECT max(position + 0) FROM events  -- + 0: found by time, not by scanning positions
                  WHERE recorded_at > $1::timestamptz - interval '1 minute' AND recorded_at <= $1),
                (SELECT position FROM events WHERE recorded_at <= $1
                  ORDER BY recorded_at DESC, position DESC LIMIT 1),
                0) AS position) AS head
   LEFT JOIN (
-    SELECT g.stream_id AS resource, g.data ->> 'owner' AS owner,
-           (g.data ->> 'fencing_token')::bigint AS fencing_token, event_deadline(g.data) AS expires_at,
+    SELECT g.stream_id AS resource, g.owner, g.fencing_token, g.expires_at,
            CASE WHEN g.event_type = '{LOCK_ACQUIRED}' THEN g.recorded_at ELSE (
                 SELECT a.recorded_at FROM events a
                  WHERE a.stream_id = g.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
-                   AND (a.data ->> 'fencing_token')::bigint = (g.data ->> 'fencing_token')::bigint
+                   AND (a.data ->> 'fencing_token')::bigint = g.fencing_token
                  LIMIT 1) END AS acquired_at
-      FROM (SELECT DISTINCT ON (c.stream_id) c.stream_id, c.stream_version, c.event_type, c.data,
-                   c.recorded_at
+      FROM (SELECT DISTINCT ON (c.stream_id) c.stream_id, c.stream_version, c.event_type, c.recorded_at,
+                   c.data ->> 'owner' AS owner, (c.data ->> 'fencing_token')::bigint AS fencing_token,
+                   event_deadline(c.data) AS expires_at
               FROM events c
              WHERE c.event_type IN ({_GRANTS}) AND {_SPAN.replace("g.", "c.")} @> $1::timestamptz
                AND {_filters("c", "$2", "$3")}
