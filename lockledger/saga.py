@@ -47,6 +47,7 @@ from lockledger.errors import (
     LeaseExpired,
     LockHeld,
     LockLedgerError,
+    NotFound,
     NotHolder,
     ValidationError,
     parse_datetime,
@@ -654,8 +655,13 @@ class AsyncSaga:
             await self._release_leftovers([])
 
     async def compensate(self) -> SagaView:
-        """Compensate every step the server shows completed or compensating, last first."""
+        """Compensate every step the server shows completed or compensating, last first. A step still
+        running (the saga was aborted mid-step, and no orchestrator will finish it) is first recorded as
+        failed: the server compensates nothing while a step runs, and its action may have half-run."""
         assert self.view is not None
+        for step_view in self.view.steps:
+            if step_view.status == "running":
+                await self._post(f"/steps/{step_view.name}/fail", {"reason": "aborted mid-step"})
         for step_view in reversed(self.view.steps):
             if step_view.status in ("completed", "compensating"):
                 await self._compensate_step(step_view)
@@ -840,7 +846,47 @@ async def recover_sagas(
                 log.error("saga stuck", extra={"saga_id": view.saga_id, "reason": stuck.reason})
                 if stuck.view is not None:
                     finished.append(stuck.view)
+    await _release_ended(client, owner)
     return finished
+
+
+async def _release_ended(client: AsyncClient, owner: str | None) -> None:
+    """Release ``owner``'s leases still tagged with a saga that has ended: a release lost as the saga
+    completed or aborted (the saga itself needs no recovery, so nothing else would free the lock before
+    its TTL). With an agent's token, which may not list locks, there is nothing to find this way."""
+    from lockledger.client import _path
+
+    if owner is None:
+        return
+    ended: dict[str, bool] = {}
+    cursor: str | None = None
+    while True:
+        query = {"holder": owner, "cursor": cursor, "limit": 1000}
+        try:
+            data, _ = await _call(client, "GET", "/v1/locks", params={k: v for k, v in query.items() if v})
+        except Forbidden:
+            return
+        for item in data["items"]:
+            saga_id = item.get("saga_id")
+            if not saga_id:
+                continue
+            if saga_id not in ended:
+                try:
+                    ended[saga_id] = (await get_saga(client, saga_id)).finished
+                except NotFound:
+                    ended[saga_id] = False
+            if not ended[saga_id]:
+                continue
+            step, resource = str(item.get("saga_step")), str(item["resource"])
+            token = int(item["fencing_token"])
+            key = _key(saga_id, step, "ended", "release", resource, str(token))
+            headers = {"X-Saga-ID": saga_id, "X-Saga-Step": step}
+            with contextlib.suppress(NotHolder, LeaseExpired):
+                await _call(client, "POST", _path(resource, "/release"), key=key, headers=headers,
+                            json={"owner": owner, "fencing_token": token})  # fmt: skip
+        cursor = data.get("next_cursor")
+        if cursor is None:
+            return
 
 
 # --- threads -------------------------------------------------------------------------------------------
