@@ -189,6 +189,8 @@ class ReplayLease(BaseModel):
     fencing_token: int
     acquired_at: Timestamp
     expires_at: Timestamp = Field(description="The deadline as known at the instant: the last grant's.")
+    saga_id: str | None = Field(default=None, description="The saga the lease was acquired for, if any.")
+    saga_step: str | None = None
 
 
 class ReplayState(BaseModel):

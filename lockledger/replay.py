@@ -94,12 +94,15 @@ class ReplayLease:
     fencing_token: int
     acquired_at: datetime
     expires_at: datetime
+    saga_id: str | None = None  # the saga, and its step, the lease was acquired for
+    saga_step: str | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ReplayLease:
         return cls(
-            d["resource"], d["owner"], int(d["fencing_token"]), _dt(d["acquired_at"]), _dt(d["expires_at"])
-        )
+            d["resource"], d["owner"], int(d["fencing_token"]), _dt(d["acquired_at"]), _dt(d["expires_at"]),
+            d.get("saga_id"), d.get("saga_step"),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -59,12 +59,8 @@ SELECT head.db_now, head.position, live.*
                  ORDER BY recorded_at DESC, position DESC LIMIT 1),
                0) AS position) AS head
   LEFT JOIN (
-    SELECT g.stream_id AS resource, g.owner, g.fencing_token, g.expires_at,
-           CASE WHEN g.event_type = '{LOCK_ACQUIRED}' THEN g.recorded_at ELSE (
-                SELECT a.recorded_at FROM events a
-                 WHERE a.stream_id = g.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
-                   AND (a.data ->> 'fencing_token')::bigint = g.fencing_token
-                 LIMIT 1) END AS acquired_at
+    SELECT g.stream_id AS resource, g.owner, g.fencing_token, g.expires_at, a.recorded_at AS acquired_at,
+           a.metadata ->> 'saga_id' AS saga_id, a.metadata ->> 'saga_step' AS saga_step
       FROM (SELECT DISTINCT ON (c.stream_id) c.stream_id, c.stream_version, c.event_type, c.recorded_at,
                    c.data ->> 'owner' AS owner, (c.data ->> 'fencing_token')::bigint AS fencing_token,
                    event_deadline(c.data) AS expires_at
@@ -73,6 +69,11 @@ SELECT head.db_now, head.position, live.*
                AND {_filters("c", "$2", "$3")}
                AND ($4::text IS NULL OR c.stream_id > $4)
              ORDER BY c.stream_id, c.stream_version DESC) AS g
+      LEFT JOIN LATERAL (  -- the acquire that began the lease: when, and for which saga step
+            SELECT a.recorded_at, a.metadata FROM events a
+             WHERE a.stream_id = g.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
+               AND (a.data ->> 'fencing_token')::bigint = g.fencing_token
+             LIMIT 1) AS a ON true
      WHERE {_no_event_after("g", "$1")}
      ORDER BY g.stream_id
      LIMIT $5
@@ -88,6 +89,8 @@ class LiveLease:
     fencing_token: int
     acquired_at: datetime
     expires_at: datetime  # the deadline as known at the instant asked about
+    saga_id: str | None  # the saga, and its step, the lease was acquired for
+    saga_step: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +124,15 @@ async def state_at(
         )
     live = [row for row in rows if row["resource"] is not None]
     locks = [
-        LiveLease(r["resource"], r["owner"], r["fencing_token"], r["acquired_at"], r["expires_at"])
+        LiveLease(
+            r["resource"],
+            r["owner"],
+            r["fencing_token"],
+            r["acquired_at"],
+            r["expires_at"],
+            r["saga_id"],
+            r["saga_step"],
+        )
         for r in live[:limit]
     ]
     next_cursor = locks[-1].resource if len(live) > limit else None

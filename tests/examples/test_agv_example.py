@@ -56,5 +56,4 @@ def test_the_example_tells_its_story_and_the_log_can_replay_it(server: ServerPro
         state = http.get("/v1/replay/state", params={"at": inside, "prefix": "pallet:42"}).json()
     [lease] = [lock for lock in state["locks"] if lock["resource"] == "pallet:42"]
     assert lease["owner"] == "agv-17"
-    if "saga_id" in lease:
-        assert lease["saga_id"] == saga_id
+    assert (lease["saga_id"], lease["saga_step"]) == (saga_id, "pick")
