@@ -11,7 +11,7 @@ import structlog
 from fastapi import APIRouter, FastAPI
 from fastapi_offline import FastAPIOffline
 
-from api import audit, commands, health, problems, queries, replay, sagas, tokens
+from api import audit, commands, feed, health, problems, queries, replay, sagas, tokens
 from api.fast_path import CommandFastPath
 from api.http_protocol import DRAIN
 from api.limits import install_limits
@@ -96,6 +96,7 @@ def create_app(
         if settings.reaper_enabled:
             reaper = Reaper(pool, settings)
             reaper_task = asyncio.create_task(reaper.run(), name="reaper")
+        app.state.feed = await feed.start_feed(app.state.read_pool)  # the change feed's one reader
         lag_watch = asyncio.create_task(loop_lag.watch(), name="event-loop-lag")
         garbage_collection.tune_after_startup()
         try:
@@ -103,6 +104,7 @@ def create_app(
             yield {DRAIN: app.state.lock_service.drain}
         finally:
             lag_watch.cancel()
+            await app.state.feed.stop()
             with contextlib.suppress(asyncio.CancelledError):
                 await lag_watch
             if reaper is not None and reaper_task is not None:
@@ -139,6 +141,7 @@ def create_app(
         app.include_router(router)
     app.include_router(queries.router)
     app.include_router(replay.router)
+    app.include_router(feed.router)
     app.include_router(sagas.router)
     app.include_router(audit.router)
     app.include_router(tokens.router)

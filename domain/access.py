@@ -29,6 +29,9 @@ class Action(StrEnum):
     # lock state may read sagas. Aliases, not new members.
     DRIVE_SAGA = "hold"
     READ_SAGAS = "read_state"
+    # The change feed (GET /v1/events/stream) follows what the lock state is made of, as it changes: the
+    # roles that read the state (dashboard, investigator, admin) may follow it.
+    READ_FEED = "read_state"
 
 
 _ALLOWED: dict[Role, frozenset[Action]] = {

@@ -42,6 +42,7 @@ from lockledger.errors import (
     error_from_response,
     parse_datetime,
 )
+from lockledger.feed import FeedEvent, FeedOverflow, parse_sse
 from lockledger.lease import AsyncLease, Lease
 from lockledger.replay import (
     AgentEvent,
@@ -653,6 +654,69 @@ class AsyncClient(_Base):
                     raise _cut_off(exc, position, cuts) from exc
             finally:
                 await response.aclose()
+
+    async def watch(
+        self,
+        after_position: int | None = None,
+        *,
+        prefix: str | None = None,
+        owner: str | None = None,
+        type: str | None = None,
+        saga: str | None = None,
+        last_event_id: str | None = None,
+    ) -> AsyncIterator[FeedEvent]:
+        """The change feed (``GET /v1/events/stream``): every matching event once, as it is committed,
+        from ``after_position`` (or ``last_event_id``, a ``FeedEvent.id``) or from now; never ends by
+        itself. A cut connection, or the server's ``overflow`` for a client too slow, is resumed with
+        ``Last-Event-ID`` = the last id received; once ``retry_attempts`` connections in a row end before a
+        new event, ``Unavailable``."""
+        filters_ = {"prefix": prefix, "owner": owner, "type": type, "saga": saga}
+        query: dict[str, Any] = {name: value for name, value in filters_.items() if value}
+        if after_position is not None:
+            query["after_position"] = after_position
+        place, cuts = last_event_id, 0
+        timeout = _streaming_timeout(self._http.timeout)
+        while True:
+            headers = {"Last-Event-ID": place} if place is not None else {}
+            try:
+                async for attempt in self._retries():
+                    with attempt:
+                        self.breaker.acquire_permission()
+                        started = time.monotonic()
+                        try:
+                            request = self._http.build_request(
+                                "GET", "/v1/events/stream", params=query, headers=headers, timeout=timeout
+                            )
+                            response = await self._http.send(request, stream=True)
+                            if response.is_error:
+                                try:
+                                    await response.aread()
+                                finally:
+                                    await response.aclose()
+                        except BaseException as exc:
+                            self._failed(exc, started)
+                            raise
+                        response = self._settle(response, started)
+                        break
+            except httpx.TransportError as exc:
+                raise self._unreachable(exc, "GET", "/v1/events/stream") from exc
+            resumed_at = place
+            try:
+                async for message in parse_sse(response.aiter_lines()):
+                    if message.event == "overflow":
+                        place = FeedOverflow.from_message(message).last_event_id or place
+                        break
+                    event = FeedEvent.from_message(message)
+                    place = event.id
+                    yield event
+                cuts = 0 if place != resumed_at else cuts + 1
+            except (httpx.TransportError, ValueError):  # ValueError: a message cut in two
+                cuts = 0 if place != resumed_at else cuts + 1
+            finally:
+                await response.aclose()
+            if cuts >= self.retry_attempts:
+                detail = f"GET /v1/events/stream: {cuts} connections in a row ended before a new event"
+                raise Unavailable(0, {"code": "unavailable", "detail": f"{detail}; resume from {place}"})
 
     async def _open_stream(self, path: str, params: dict[str, Any]) -> httpx.Response:
         """A GET whose body is left to read: retried and guarded by the breaker like ``_request`` up to the
