@@ -291,6 +291,8 @@ async def agent_history(
     return [_logged(row) for row in rows]
 
 
+EXPORT_FETCH_TIMEOUT_S = 600.0
+
 # One NDJSON line per event, written by PostgreSQL: the export never parses and re-encodes a payload.
 EXPORT_SQL = f"""
 SELECT json_build_object(
@@ -321,5 +323,8 @@ async def export_lines(
     """The matching events as JSON lines, in position order, through a server-side cursor: memory stays
     flat whatever the range. Needs a transaction on ``conn`` for as long as it is iterated."""
     args = (after_position, start, end, event_type, prefix, owner)
-    async for row in conn.cursor(EXPORT_SQL, *args, prefetch=prefetch):
+    # A fetch may wait long for the next match (a narrow filter over a long log, or a range sorted
+    # first): no statement timeout in this transaction, and a generous bound on each fetch.
+    await conn.execute("SET LOCAL statement_timeout = 0")
+    async for row in conn.cursor(EXPORT_SQL, *args, prefetch=prefetch, timeout=EXPORT_FETCH_TIMEOUT_S):
         yield row["line"]
