@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -39,8 +40,17 @@ def _rfc3339(value: object) -> object:
     return value
 
 
+def _in_utc(value: datetime) -> datetime:
+    """The instant in UTC. One that UTC cannot write (before year 1 or after 9999, as with
+    ``0001-01-01T00:00:00+00:01``) is before or after anything recorded: the first or last instant."""
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        return datetime.min.replace(tzinfo=UTC) if value.year == 1 else datetime.max.replace(tzinfo=UTC)
+
+
 # An instant a client sends in a query: RFC 3339 with an offset (a naive time names no instant).
-Instant = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
+Instant = Annotated[AwareDatetime, BeforeValidator(_rfc3339), AfterValidator(_in_utc)]
 
 Owner = Field(
     default=None,

@@ -139,3 +139,12 @@ async def test_replay_needs_the_investigator_role(
             assert refused.status_code == 403, path
             allowed = await client.get(path, headers={"Authorization": f"Bearer {investigator}"})
             assert allowed.status_code == 200, (path, allowed.text)
+
+
+async def test_an_instant_utc_cannot_write_is_before_everything(http: httpx.AsyncClient) -> None:
+    """``0001-01-01T00:00:00+00:01`` is a valid RFC 3339 instant a minute before year 1 in UTC."""
+    answer = await http.get("/v1/replay/state", params={"at": "0001-01-01T00:00:00.0+00:01"})
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["locks"], answer.json()["position"]) == ([], 0)
+    history = await http.get("/v1/agents/agv-1/history", params={"from": "0001-01-01T00:00:00+00:01"})
+    assert history.status_code == 200, history.text

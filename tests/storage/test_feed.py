@@ -145,10 +145,11 @@ async def _release_as_the_service(conn: asyncpg.Connection | Any, resource: str)
         resource,
         json.dumps(data),
     )
-    await conn.execute(
+    await conn.execute(  # updated_at is the event's instant, as the commit statement writes it
         "UPDATE lock_state SET version = version + 1, status = 'free', ended_by = 'LOCK_RELEASED',"
-        " updated_at = clock_timestamp() WHERE resource = $1",
+        " updated_at = (SELECT recorded_at FROM events WHERE position = $2) WHERE resource = $1",
         resource,
+        position,
     )
     return position
 
