@@ -40,6 +40,19 @@ from service.lock_service import CommandContext, LockService
 
 _TRACE_MAX_LENGTH = 200  # X-Correlation-ID, X-Causation-ID
 
+# The headers every command and saga transition reads, declared once for both.
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=MAX_KEY_LENGTH,
+        description="Retry-safe key: the same key and request return the stored response.",
+    ),
+]
+CorrelationIdHeader = Annotated[str | None, Header(alias="X-Correlation-ID", max_length=_TRACE_MAX_LENGTH)]
+CausationIdHeader = Annotated[str | None, Header(alias="X-Causation-ID", max_length=_TRACE_MAX_LENGTH)]
+
 
 @value
 class CommandCall:
@@ -65,21 +78,9 @@ class CommandCaller:
     async def __call__(
         self,
         request: Request,
-        idempotency_key: Annotated[
-            str | None,
-            Header(
-                alias="Idempotency-Key",
-                min_length=1,
-                max_length=MAX_KEY_LENGTH,
-                description="Retry-safe key: the same key and request return the stored response.",
-            ),
-        ] = None,
-        correlation_id: Annotated[
-            str | None, Header(alias="X-Correlation-ID", max_length=_TRACE_MAX_LENGTH)
-        ] = None,
-        causation_id: Annotated[
-            str | None, Header(alias="X-Causation-ID", max_length=_TRACE_MAX_LENGTH)
-        ] = None,
+        idempotency_key: IdempotencyKeyHeader = None,
+        correlation_id: CorrelationIdHeader = None,
+        causation_id: CausationIdHeader = None,
         saga_id: Annotated[
             str | None,
             Header(

@@ -12,12 +12,13 @@ import uuid
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 from pydantic_core import to_json
 
 from api.auth import authenticate
+from api.command_route import CausationIdHeader, CorrelationIdHeader, IdempotencyKeyHeader
 from api.commands import lease_owner
 from api.models import Problem
 from api.problems import problem
@@ -56,12 +57,10 @@ from domain.saga import (
 )
 from projections import saga_state
 from service.errors import Conflict, Forbidden
-from service.idempotency import MAX_KEY_LENGTH
 from service.saga_service import SagaContext, SagaService, row_view
 
 router = APIRouter(prefix="/v1/sagas", tags=["sagas"], route_class=StrictRoute)
 
-_TRACE_MAX_LENGTH = 200
 SagaPath = Annotated[
     str,
     Path(min_length=1, max_length=SAGA_ID_MAX_LENGTH, pattern=SAGA_ID_PATTERN, description="The saga id."),
@@ -86,19 +85,9 @@ Caller = Annotated[Principal, Depends(_caller)]
 
 async def _context(
     caller: Caller,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            min_length=1,
-            max_length=MAX_KEY_LENGTH,
-            description="Retry-safe key: the same key and request return the stored response.",
-        ),
-    ] = None,
-    correlation_id: Annotated[
-        str | None, Header(alias="X-Correlation-ID", max_length=_TRACE_MAX_LENGTH)
-    ] = None,
-    causation_id: Annotated[str | None, Header(alias="X-Causation-ID", max_length=_TRACE_MAX_LENGTH)] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
+    correlation_id: CorrelationIdHeader = None,
+    causation_id: CausationIdHeader = None,
 ) -> SagaContext:
     if not allows(caller.role, Action.DRIVE_SAGA):
         raise Forbidden(_role_refusal(caller, Action.DRIVE_SAGA))
