@@ -399,8 +399,10 @@ async def test_a_lock_taken_within_a_saga_shows_it(
     one = await ok(await dashboard.get(f"/v1/locks/{resource}"))
     assert (one["saga_id"], one["saga_step"]) == (saga_id, "pick")
 
-    # Rebuild reproduces saga_state and the locks' saga columns.
-    async with admin_pool.acquire() as conn:
+    # Rebuild reproduces saga_state and the locks' saga columns. The tables are locked first, so the
+    # server's reaper cannot expire another test's lease between the two snapshots.
+    async with admin_pool.acquire() as conn, conn.transaction():
+        await conn.execute("LOCK TABLE lock_state, saga_state IN EXCLUSIVE MODE")
         sagas_before = await conn.fetch("SELECT * FROM saga_state ORDER BY saga_id")
         locks_before = await conn.fetch("SELECT * FROM lock_state ORDER BY resource")
         await rebuild_lock_state(conn)
