@@ -19,14 +19,17 @@ class _Node:
 
 @pytest.fixture
 def tuned() -> Iterator[tuple[int, int, int]]:
-    """The collector tuned as at startup; the thresholds before, restored afterwards with the freeze."""
-    before = gc.get_threshold()
+    """The collector tuned as at startup from CPython's usual thresholds (an app started earlier in this
+    process, e.g. by another test, tuned it already); the process's own restored afterwards."""
+    own = gc.get_threshold()
+    before = (700, 10, 10)
+    gc.set_threshold(*before)
     try:
         garbage_collection.tune_after_startup()
         yield before
     finally:
         gc.unfreeze()
-        gc.set_threshold(*before)
+        gc.set_threshold(*own)
 
 
 def test_startup_objects_are_frozen_and_both_ends_of_the_generations_are_scanned_rarely(
