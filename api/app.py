@@ -11,7 +11,7 @@ import structlog
 from fastapi import APIRouter, FastAPI
 from fastapi_offline import FastAPIOffline
 
-from api import audit, commands, feed, health, problems, queries, replay, sagas, tokens
+from api import audit, commands, dashboard, feed, health, problems, queries, replay, sagas, stats, tokens
 from api.fast_path import CommandFastPath
 from api.http_protocol import DRAIN
 from api.limits import install_limits
@@ -140,11 +140,13 @@ def create_app(
     for router in command_routers:
         app.include_router(router)
     app.include_router(queries.router)
+    app.include_router(stats.router)
     app.include_router(replay.router)
     app.include_router(feed.router)
     app.include_router(sagas.router)
     app.include_router(audit.router)
     app.include_router(tokens.router)
     app.include_router(health.router)
+    app.include_router(dashboard.router)
     problems.document(app)
     return app

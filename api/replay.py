@@ -1,7 +1,9 @@
 """Endpoints for incident investigators: the fleet at a past instant, what changed, timelines, export.
 
-All read the log through the read pool (``LOCKLEDGER_READ_DATABASE_URL``: a replica can serve them), and
-need the investigator or admin role. Instants are RFC 3339 with an offset.
+All read the log through the read pool (``LOCKLEDGER_READ_DATABASE_URL``: a replica can serve them).
+The fleet at an instant and what changed around it are lock state, past: the roles that read the state
+(dashboard too, for its time slider) read them. An agent's timeline and the export are the history:
+investigator or admin. Instants are RFC 3339 with an offset.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from domain.access import Action
 from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
 from projections import replay
 
-router = APIRouter(
-    tags=["replay"], route_class=StrictRoute, dependencies=[Depends(require(Action.READ_HISTORY))]
-)
+router = APIRouter(tags=["replay"], route_class=StrictRoute)
+
+ReadState = [Depends(require(Action.READ_STATE))]
+ReadHistory = [Depends(require(Action.READ_HISTORY))]
 
 At = Annotated[Instant, Query(description="RFC 3339 with an offset, e.g. 2026-05-05T14:02:07Z.")]
 Prefix = Annotated[str | None, Query(pattern=r"^[A-Za-z0-9._:\-]{0,200}$", description="Resource prefix.")]
@@ -35,7 +38,7 @@ def _invalid(field: str, message: str) -> RequestValidationError:
     return RequestValidationError([{"loc": ("query", field), "msg": message, "type": "value_error"}])
 
 
-@router.get("/v1/replay/state", response_model=ReplayState)
+@router.get("/v1/replay/state", response_model=ReplayState, dependencies=ReadState)
 async def state(
     request: Request,
     at: At,
@@ -59,7 +62,9 @@ async def state(
     return Response(state.model_dump_json(), media_type="application/json")
 
 
-@router.get("/v1/replay/changes", response_model=Changes, response_model_by_alias=True)
+@router.get(
+    "/v1/replay/changes", response_model=Changes, response_model_by_alias=True, dependencies=ReadState
+)
 async def changes(
     request: Request,
     start: Annotated[Instant, Query(alias="from", description="Exclusive: the state at `from` is the base.")],
@@ -79,7 +84,7 @@ async def changes(
     return Changes(from_=start, to=to, changes=items, next_cursor=page.next_cursor)
 
 
-@router.get("/v1/agents/{owner}/history", response_model=AgentHistory)
+@router.get("/v1/agents/{owner}/history", response_model=AgentHistory, dependencies=ReadHistory)
 async def agent_history(
     request: Request,
     owner: Annotated[str, Path(pattern=OWNER_PATTERN, max_length=200)],
@@ -100,6 +105,7 @@ async def agent_history(
 
 @router.get(
     "/v1/events",
+    dependencies=ReadHistory,
     response_class=StreamingResponse,
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "One event per line."}},
 )

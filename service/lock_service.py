@@ -33,6 +33,55 @@ from service.waiters import Waiters
 
 _READS = Counter("lockledger_command_reads_total", "Commands that read their lock's state before deciding")
 
+COMMANDS_TOTAL = Counter(
+    "lockledger_commands_total",
+    "Commands executed by this process, by outcome: what they did (granted, renewed, released,"
+    " force_released, expired), the refusal's code (lock_held, not_holder, lease_expired, ...), or"
+    " replayed (an Idempotency-Key's stored answer)",
+    ["command", "outcome"],
+)
+_COMMAND_NAMES: dict[type[Command], str] = {
+    Acquire: "acquire",
+    Renew: "renew",
+    Release: "release",
+    ForceRelease: "force_release",
+    Expire: "expire",
+}
+_DONE = {
+    Acquire: "granted",
+    Renew: "renewed",
+    Release: "released",
+    ForceRelease: "force_released",
+    Expire: "expired",
+}
+_REFUSALS = ("lock_held", "not_holder", "lease_expired", "validation_error", "domain_error")
+
+
+class _CommandCounts:
+    """The counter's children bound once per (command, outcome): the hot path only looks one up."""
+
+    def __init__(self) -> None:
+        self._children = {
+            (kind, outcome): COMMANDS_TOTAL.labels(name, outcome)
+            for kind, name in _COMMAND_NAMES.items()
+            for outcome in (_DONE[kind], "replayed", *_REFUSALS)
+        }
+
+    def done(self, command: Command, result: CommandResult) -> None:
+        kind = type(command)
+        self._children[kind, "replayed" if result.replayed else _DONE[kind]].inc()
+
+    def refused(self, command: Command, error: DomainError) -> None:
+        child = self._children.get((type(command), error.code))
+        if child is None:  # a refusal code added later: bound on first use
+            child = self._children[type(command), error.code] = COMMANDS_TOTAL.labels(
+                _COMMAND_NAMES[type(command)], error.code
+            )
+        child.inc()
+
+
+_COUNTS = _CommandCounts()
+
 
 @value
 class CommandContext:
@@ -106,14 +155,22 @@ class LockService:
 
         An acquire with ``wait_ms`` that finds the lock held waits for it to come free (at most
         ``max_wait_ms``; ``service/waiters.py``) before it is refused. ``abandoned`` says whether the caller
-        has gone, so a waiting acquire takes no lock for nobody.
+        has gone, so a waiting acquire takes no lock for nobody. Each command is counted once by its
+        outcome (``lockledger_commands_total``); one the database could not serve is not counted.
         """
-        if isinstance(command, Acquire) and command.wait_ms > 0 and self._max_wait_ms > 0:
-            wait_s = min(command.wait_ms, self._max_wait_ms) / 1000
-            return await self._waiters.acquire(
-                command.resource, lambda: self._execute(command, ctx), wait_s, abandoned
-            )
-        return await self._execute(command, ctx)
+        try:
+            if isinstance(command, Acquire) and command.wait_ms > 0 and self._max_wait_ms > 0:
+                wait_s = min(command.wait_ms, self._max_wait_ms) / 1000
+                result = await self._waiters.acquire(
+                    command.resource, lambda: self._execute(command, ctx), wait_s, abandoned
+                )
+            else:
+                result = await self._execute(command, ctx)
+        except DomainError as error:
+            _COUNTS.refused(command, error)
+            raise
+        _COUNTS.done(command, result)
+        return result
 
     async def _execute(self, command: Command, ctx: CommandContext) -> CommandResult:
         """Load, decide, commit; on a lost race, load and decide again (at most ``conflict_retries``)."""

@@ -119,6 +119,23 @@ ENDPOINTS: dict[
     "list": (Action.READ_STATE, lambda c, r, h: c.get("/v1/locks", headers=h)),
     "get": (Action.READ_STATE, lambda c, r, h: c.get(f"/v1/locks/{r}", headers=h)),
     "history": (Action.READ_HISTORY, lambda c, r, h: c.get(f"/v1/locks/{r}/history", headers=h)),
+    "stats": (Action.READ_STATE, lambda c, r, h: c.get("/v1/stats", headers=h)),
+    # The fleet at an instant and the changes around it are past lock state (the dashboard's slider);
+    # an agent's timeline and the export are the history.
+    "replay-state": (
+        Action.READ_STATE,
+        lambda c, r, h: c.get("/v1/replay/state", params={"at": "2020-01-01T00:00:00Z"}, headers=h),
+    ),
+    "replay-changes": (
+        Action.READ_STATE,
+        lambda c, r, h: c.get(
+            "/v1/replay/changes",
+            params={"from": "2020-01-01T00:00:00Z", "to": "2020-01-01T00:01:00Z"},
+            headers=h,
+        ),
+    ),
+    "agent-history": (Action.READ_HISTORY, lambda c, r, h: c.get(f"/v1/agents/{r}/history", headers=h)),
+    "export": (Action.READ_HISTORY, lambda c, r, h: c.get("/v1/events", params={"prefix": r}, headers=h)),
     "issue-token": (
         Action.MANAGE_TOKENS,
         lambda c, r, h: c.post("/v1/tokens", json={"name": r, "role": "agent"}, headers=h),

@@ -1,0 +1,350 @@
+"""The dashboard in a real browser (Debian's Chromium through Playwright) against a real server.
+
+The page loads without console errors; a lock acquired through the API appears within a second and its
+release removes it; the time slider shows the fleet before and after the acquire; a stuck saga is listed;
+with authentication on, the token form takes a dashboard token. Every test leaves a screenshot in
+``.artifacts/ui/``; with ``LOCKLEDGER_UPDATE_SCREENSHOTS=1`` the fleet view is also written to
+``docs/img/dashboard.png``. Chromium is never downloaded: without ``/usr/bin/chromium`` the tests skip
+(and fail when ``CI`` is set: CI installs it, ``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+from playwright.async_api import (
+    Browser,
+    ConsoleMessage,
+    Error,
+    Page,
+    ViewportSize,
+    async_playwright,
+    expect,
+)
+
+from domain.access import Role
+
+if TYPE_CHECKING:
+    from tests.conftest import IssueToken, ServerProcess
+else:
+    from conftest import IssueToken, ServerProcess
+
+pytestmark = pytest.mark.storage
+
+CHROMIUM = Path("/usr/bin/chromium")
+HAVE_CHROMIUM = CHROMIUM.exists()
+# Root, headless, on a closed network: without the background-networking flags Chromium's own connections
+# are refused and logged. Playwright's launch() gives every run a fresh temporary profile.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / ".artifacts" / "ui"
+DOCS_SCREENSHOT = REPO / "docs" / "img" / "dashboard.png"
+LAPTOP = ViewportSize(width=1440, height=900)
+WITHIN_A_SECOND_MS = 1000  # the product's requirement for a lock to show up
+LOADED_MS = 10_000  # first load, replay answers, saga polls: generous, never a timing claim
+
+
+@pytest.fixture(scope="session")
+async def browser() -> AsyncIterator[Browser]:
+    if not HAVE_CHROMIUM:
+        reason = f"{CHROMIUM} is missing: apt-get install chromium (never a browser download)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        yield launched
+        await launched.close()
+
+
+@dataclass
+class Tab:
+    """A page in its own browser context (its own sessionStorage), with what it logged as errors."""
+
+    page: Page
+    errors: list[str] = field(default_factory=list)
+
+    async def open(self, url: str) -> None:
+        await self.page.goto(url)
+        # Loaded: the first answers drawn and the change feed connected.
+        await expect(self.page.locator("#feed-status")).to_have_attribute(
+            "data-state", "live", timeout=LOADED_MS
+        )
+
+    async def scrub(self, at: datetime) -> str:
+        """Move the slider to ``at`` as a user would (its value, then an input event); the instant the
+        slider settled on (whole seconds), once the page shows its replay."""
+        shown: str = await self.page.evaluate(
+            """(ms) => {
+                const slider = document.getElementById("slider");
+                slider.value = String(ms);
+                slider.dispatchEvent(new Event("input", { bubbles: true }));
+                return new Date(Number(slider.value)).toISOString();
+            }""",
+            at.timestamp() * 1000,
+        )
+        banner = self.page.locator("#banner")
+        await expect(banner).to_have_attribute("data-at", shown, timeout=LOADED_MS)
+        await expect(banner).to_have_attribute("data-ready", "true", timeout=LOADED_MS)
+        await expect(banner).to_contain_text("Viewing the fleet at")
+        return shown
+
+
+@pytest.fixture
+async def tab(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[Tab]:
+    context = await browser.new_context(viewport=LAPTOP)
+    page = await context.new_page()
+    opened = Tab(page)
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            opened.errors.append(message.text)
+
+    def on_page_error(error: Error) -> None:
+        opened.errors.append(f"{error.name}: {error.message}")
+
+    page.on("console", on_console)
+    page.on("pageerror", on_page_error)
+    yield opened
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=ARTIFACTS / f"{request.node.name}.png", full_page=True)
+    await context.close()
+
+
+@pytest.fixture
+async def api(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as client:
+        yield client
+
+
+def held_row(page: Page, resource: str) -> Any:
+    return page.locator(f'#held tbody tr[data-resource="{resource}"]')
+
+
+async def acquire(
+    api: httpx.AsyncClient, resource: str, owner: str, ttl_ms: int = 60_000, **headers: str
+) -> Any:
+    response = await api.post(
+        f"/v1/locks/{resource}/acquire", json={"owner": owner, "ttl_ms": ttl_ms}, headers=headers
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+async def saga_step(api: httpx.AsyncClient, saga_id: str, step: str, action: str, body: Any = None) -> None:
+    response = await api.post(f"/v1/sagas/{saga_id}/steps/{step}/{action}", json=body)
+    assert response.status_code == 200, response.text
+
+
+async def make_stuck_saga(api: httpx.AsyncClient, saga_id: str, owner: str) -> None:
+    """A saga whose compensation failed five times: `stuck` (as tests/storage/test_sagas_http.py does)."""
+    created = await api.post(
+        "/v1/sagas",
+        json={
+            "saga_id": saga_id,
+            "name": "move pallet",
+            "owner": owner,
+            "steps": [{"name": s, "locks": [f"{saga_id}:{s}"]} for s in ("pick", "drop")],
+        },
+    )
+    assert created.status_code == 201, created.text
+    for step, action in [("pick", "start"), ("pick", "complete"), ("drop", "start")]:
+        await saga_step(api, saga_id, step, action)
+    await saga_step(api, saga_id, "drop", "fail", {"reason": "pallet dropped"})
+    for attempt in range(5):
+        await saga_step(api, saga_id, "pick", "compensation/start")
+        await saga_step(api, saga_id, "pick", "compensation/fail", {"reason": f"arm offline ({attempt + 1})"})
+
+
+async def test_the_page_is_served_with_a_strict_policy_and_loads_without_errors(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient
+) -> None:
+    root = await api.get("/")
+    assert root.status_code == 307
+    assert root.headers["location"] == "/ui"
+    for path in ("/ui", "/ui/"):
+        page = await api.get(path)
+        assert page.status_code == 200, path
+        assert page.headers["content-type"].startswith("text/html")
+        policy = page.headers["content-security-policy"]
+        assert "default-src 'self'" in policy
+        assert "script-src 'self'" in policy
+        assert "unsafe-inline" not in policy
+        assert page.headers["cache-control"] == "no-cache"
+        assert '<script type="module" src="/ui/assets/dashboard.js"></script>' in page.text
+    script = await api.get("/ui/assets/dashboard.js")
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert (await api.get("/ui/assets/..%2Fdashboard.py")).status_code == 404
+    assert (await api.get("/ui/assets/nothing.js")).status_code == 404
+
+    await tab.open(f"{server.base_url}/")
+    assert tab.page.url == f"{server.base_url}/ui"
+    await expect(tab.page).to_have_title(re.compile("lockledger"))
+    await expect(tab.page.locator("#token-overlay")).to_be_hidden()
+    # Long enough for a second read of every poll (locks, sagas, stats): all without errors.
+    await tab.page.wait_for_timeout(5500)
+    assert tab.errors == []
+
+
+async def test_a_lock_shows_within_a_second_leaves_on_release_and_the_slider_replays_it(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    resource = f"{unique_prefix}zone:A3"
+    await tab.open(f"{server.base_url}/ui")
+
+    lease = await acquire(api, resource, "agv-17")
+    row = held_row(tab.page, resource)
+    await expect(row).to_be_visible(timeout=WITHIN_A_SECOND_MS)
+    await expect(row).to_contain_text("agv-17")
+    await expect(row.locator("td").nth(2)).to_have_text(str(lease["fencing_token"]))
+    await expect(tab.page.locator('#agents li[data-owner="agv-17"]')).to_be_visible()
+    await expect(tab.page.locator("#events li", has_text=resource).first).to_contain_text("LOCK_ACQUIRED")
+
+    acquired_at = datetime.fromisoformat(lease["expires_at"]) - timedelta(milliseconds=lease["ttl_ms"])
+    # Hold it long enough that an instant in the middle is whole seconds away from both ends.
+    await asyncio.sleep(max(0.0, 3.0 - (datetime.now(acquired_at.tzinfo) - acquired_at).total_seconds()))
+    released = await api.post(
+        f"/v1/locks/{resource}/release", json={"owner": "agv-17", "fencing_token": lease["fencing_token"]}
+    )
+    assert released.status_code == 200, released.text
+    await expect(row).to_have_count(0, timeout=WITHIN_A_SECOND_MS)
+
+    await tab.scrub(acquired_at + timedelta(milliseconds=1500))
+    await expect(row).to_be_visible()
+    await expect(row).to_contain_text("agv-17")
+    await expect(tab.page.locator("#events li", has_text=resource).first).to_contain_text("LOCK_ACQUIRED")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await tab.page.screenshot(path=ARTIFACTS / "slider-while-held.png", full_page=True)
+    await tab.scrub(acquired_at - timedelta(seconds=3))
+    await expect(row).to_have_count(0)
+
+    await tab.page.get_by_role("button", name="Live").click()
+    await expect(tab.page.locator("#banner")).to_be_hidden()
+    assert tab.page.url == f"{server.base_url}/ui"
+    await expect(row).to_have_count(0)
+    assert tab.errors == []
+
+
+async def test_a_stuck_saga_is_listed(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    await tab.open(f"{server.base_url}/ui")
+    saga_id = f"{unique_prefix}move-42"
+    await make_stuck_saga(api, saga_id, "agv-4")
+    stuck = tab.page.locator(f'#stuck li[data-saga="{saga_id}"]')
+    await expect(stuck).to_be_visible(timeout=LOADED_MS)
+    await expect(stuck).to_contain_text("arm offline (5)")
+    await expect(tab.page.locator(f'#sagas tr[data-saga="{saga_id}"]')).to_have_count(0)
+    assert tab.errors == []
+
+
+async def test_with_authentication_the_token_form_takes_a_dashboard_token(
+    tab: Tab, auth_server: ServerProcess, issue_token: IssueToken, unique_prefix: str
+) -> None:
+    agent = f"{unique_prefix}agv-9"
+    agent_token = await issue_token(agent, Role.AGENT)
+    dashboard_token = await issue_token(f"{unique_prefix}wall", Role.DASHBOARD)
+    resource = f"{unique_prefix}dock:2"
+    async with httpx.AsyncClient(base_url=auth_server.base_url, timeout=30.0) as client:
+        granted = await client.post(
+            f"/v1/locks/{resource}/acquire",
+            json={"ttl_ms": 60_000},
+            headers={"Authorization": f"Bearer {agent_token}"},
+        )
+        assert granted.status_code == 201, granted.text
+
+    await tab.page.goto(f"{auth_server.base_url}/ui")
+    form = tab.page.locator("#token-overlay")
+    await expect(form).to_be_visible(timeout=LOADED_MS)
+    await tab.page.locator("#token").fill(dashboard_token)
+    await tab.page.get_by_role("button", name="Open the dashboard").click()
+    await expect(form).to_be_hidden()
+    await expect(held_row(tab.page, resource)).to_contain_text(agent, timeout=LOADED_MS)
+    await expect(tab.page.locator("#feed-status")).to_have_attribute("data-state", "live", timeout=LOADED_MS)
+    assert await tab.page.evaluate("sessionStorage.getItem('lockledger.token')") == dashboard_token
+    # The slider's replay answers the dashboard role too.
+    lease = granted.json()
+    shortly_after = datetime.fromisoformat(lease["expires_at"]) - timedelta(
+        milliseconds=lease["ttl_ms"] - 1500
+    )
+    await asyncio.sleep(max(0.0, (shortly_after - datetime.now(shortly_after.tzinfo)).total_seconds() + 3))
+    await tab.scrub(shortly_after)
+    await expect(held_row(tab.page, resource)).to_be_visible()
+    # Only the first, tokenless requests were refused.
+    assert all("401" in error for error in tab.errors), tab.errors
+
+
+async def test_the_fleet_at_a_glance(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """A small fleet: locks of several agents (one within a saga, one about to expire), a refused
+    acquire, a saga in flight and a stuck one. The screenshot of docs/dashboard.md comes from here."""
+    await tab.open(f"{server.base_url}/ui")
+    saga_id = f"{unique_prefix}move-7"
+    created = await api.post(
+        "/v1/sagas",
+        json={
+            "saga_id": saga_id,
+            "name": "move pallet",
+            "owner": "agv-17",
+            "steps": [
+                {"name": "pick", "locks": [f"{unique_prefix}pallet:42"]},
+                {"name": "drop", "locks": []},
+            ],
+        },
+    )
+    assert created.status_code == 201, created.text
+    await saga_step(api, saga_id, "pick", "start")
+    fleet = [
+        ("zone:A3", "agv-17", 45_000, {"X-Saga-ID": saga_id, "X-Saga-Step": "pick"}),
+        ("pallet:42", "agv-17", 30_000, {"X-Saga-ID": saga_id, "X-Saga-Step": "pick"}),
+        ("dock:2", "agv-4", 20_000, {}),
+        ("charger:1", "agv-9", 8_000, {}),
+        ("aisle:7", "agv-4", 60_000, {}),
+        ("lift:B", "agv-22", 25_000, {}),
+    ]
+    await acquire(api, f"{unique_prefix}forklift:3", "agv-22", 1000)  # left to expire: the reaper ends it
+    for name, owner, ttl_ms, headers in fleet:
+        await acquire(api, f"{unique_prefix}{name}", owner, ttl_ms, **headers)
+    refused = await api.post(f"/v1/locks/{unique_prefix}zone:A3/acquire", json={"owner": "agv-4"})
+    assert refused.status_code == 409
+    await make_stuck_saga(api, f"{unique_prefix}move-3", "agv-9")
+
+    for name, owner, _, _ in fleet:
+        await expect(held_row(tab.page, f"{unique_prefix}{name}")).to_contain_text(owner)
+    await expect(held_row(tab.page, f"{unique_prefix}zone:A3")).to_contain_text(saga_id)
+    await expect(tab.page.locator('#agents li[data-owner="agv-17"]')).to_be_visible()
+    await expect(tab.page.locator(f'#expiring li[data-resource="{unique_prefix}charger:1"]')).to_be_visible()
+    await expect(tab.page.locator(f'#sagas tr[data-saga="{saga_id}"]')).to_contain_text("pick (running)")
+    await expect(tab.page.locator(f'#stuck li[data-saga="{unique_prefix}move-3"]')).to_be_visible(
+        timeout=LOADED_MS
+    )
+    # Each chart has counted something: the grants and the expiry from the feed, the refusal from two
+    # reads of this server's counters.
+    for chart in ("grants", "conflicts", "expiries"):
+        bars = tab.page.locator(f'#chart-{chart} rect:not([height="0.00"])')
+        await expect(bars).not_to_have_count(0, timeout=LOADED_MS)
+    await expect(held_row(tab.page, f"{unique_prefix}forklift:3")).to_have_count(0)
+    assert tab.errors == []
+    if os.environ.get("LOCKLEDGER_UPDATE_SCREENSHOTS") == "1":
+        DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        await tab.page.screenshot(path=DOCS_SCREENSHOT)
