@@ -1,5 +1,6 @@
-"""The `lockledger` command: the investigator's commands (replay, history, export) over the HTTP API,
-and the commands other installed distributions add (the server's serve, migrate, tokens...).
+"""The `lockledger` command: the investigator's commands (replay, history, export) over the HTTP API, the
+fleet simulator (simulate), and the commands other installed distributions add (the server's serve,
+migrate, tokens...).
 
 Those join through the entry point group ``lockledger.cli``: each entry is a function taking this typer
 app and adding its commands to it. So the server can bring its commands without the SDK importing
@@ -12,6 +13,7 @@ an argument refused before anything is sent), never a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import csv
 import json
@@ -27,6 +29,7 @@ from typing import Annotated, Any
 try:
     import typer
     from rich.console import Console
+    from rich.live import Live
     from rich.markup import escape
     from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -42,6 +45,7 @@ import stamina.instrumentation
 from lockledger.client import Client
 from lockledger.errors import LockLedgerError, Unavailable, ValidationError
 from lockledger.replay import instant
+from lockledger.simulate import Settings, Simulation, Summary
 from lockledger_breaker import CircuitOpen
 
 ENTRY_POINT_GROUP = "lockledger.cli"
@@ -422,6 +426,112 @@ def export(
         + f" in {elapsed:.1f} s, {written / elapsed:,.0f} events/s",
         highlight=False,
     )  # fmt: skip
+
+
+# --- simulate ------------------------------------------------------------------------------------------
+
+_SIMULATION_ROWS = [
+    ("operations", "requests sent, retries included"),
+    ("grants", "new leases the server granted"),
+    ("grants_checked", "grants acted on, checked against the invariants"),
+    ("lock_held", "conflicts: acquires answered lock_held"),
+    ("waits_timed_out", "conflicts: waits for a lock that timed out"),
+    ("leases_lost", "leases found lost while acting under them"),
+    ("crashes", "agents crashed mid-work, their leases left to the reaper"),
+    ("dropped_responses", "answers lost after the server processed the command"),
+    ("replayed_responses", "retries answered with the stored answer (Idempotent-Replayed)"),
+    ("sagas_started", "pallet-to-zone sagas started"),
+    ("sagas_completed", "... completed"),
+    ("sagas_compensated", "... aborted after the pallet was put back"),
+    ("sagas_failed", "... aborted with nothing to undo, or cut by an error"),
+    ("sagas_recovered", "... left by a crash, finished by the agent's next life"),
+    ("pallets_put_back", "compensations run (the pick undone)"),
+    ("parked", "times an AGV parked in a zone, holding it"),
+    ("errors", "units of work cut by an unexpected refusal or an unreachable server"),
+    ("violations", "invariant violations: must be 0"),
+]
+
+
+def _simulation_line(summary: Summary) -> str:
+    conflicts = summary["lock_held"] + summary["waits_timed_out"]
+    return (
+        f"{summary['elapsed_s']:6.1f} s  {summary['operations']:,} operations  {summary['grants']:,} grants"
+        f"  {conflicts:,} conflicts  {summary['crashes']:,} crashes  {summary['violations']:,} violations"
+    )
+
+
+def _print_simulation(summary: Summary) -> None:
+    held = summary["violations"] == 0
+    table = Table(
+        title=f"{summary['agents']} AGVs, {summary['pallets']} pallets, {summary['zones']} zones,"
+        f" {summary['elapsed_s']:.1f} s (seed {summary['seed']})",
+        caption="every invariant held" if held else "INVARIANTS VIOLATED",
+    )
+    for column in ("measure", "count", "what"):
+        table.add_column(column, justify="right" if column == "count" else "left")
+    for key, what in _SIMULATION_ROWS:
+        style = "" if key != "violations" else "bold green" if held else "bold red"
+        table.add_row(key, f"{summary[key]:,}", what, style=style)
+    _print_table(table)
+
+
+@app.command()
+def simulate(
+    agents: Annotated[int, typer.Option("--agents", min=1, max=1000, help="Simulated AGVs.")] = 8,
+    duration: Annotated[
+        float, typer.Option("--duration", min=0.1, help="Seconds to run; then work at hand is finished.")
+    ] = 30.0,
+    pallets: Annotated[
+        int | None, typer.Option(min=1, show_default=False, help="Pallets (default: agents / 2).")
+    ] = None,
+    zones: Annotated[
+        int | None, typer.Option(min=1, show_default=False, help="Zones (default: agents / 3).")
+    ] = None,
+    prefix: Annotated[str, typer.Option(help="Resources and agents are named with it.")] = "sim:",
+    seed: Annotated[int | None, typer.Option(show_default=False, help="Fixes every random choice.")] = None,
+    ttl: Annotated[float, typer.Option(min=1.0, help="Lease length, seconds.")] = 2.0,
+    crash_probability: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Chance that a unit of work ends in a crash.")
+    ] = 0.05,
+    drop_probability: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Chance that a command's answer is lost.")
+    ] = 0.02,
+    output: FormatOption = Format.TABLE,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Drive simulated AGVs against a running server through the SDK: pallet-to-zone sagas with
+    contention, crashes and lost answers, checking the lock invariants as they go. Exit 1 on a violation.
+
+    Best against a dev-mode server, where each AGV is its own owner, or with an admin token (then every
+    lease is the token's, shared by all AGVs). Ctrl-C stops early (twice: at once) and still summarizes.
+    """
+    settings = Settings(
+        agents=agents, duration=duration, pallets=pallets, zones=zones, prefix=prefix, seed=seed, ttl=ttl,
+        crash_probability=crash_probability, drop_probability=drop_probability,
+    )  # fmt: skip
+    stamina.instrumentation.set_on_retry_hooks([])  # the simulation retries on purpose, and counts them
+    live = Live(console=stderr, transient=True) if stderr.is_terminal else None
+
+    def progress(summary: Summary) -> None:
+        if live is not None:
+            live.update(Text(_simulation_line(summary)))
+        else:
+            stderr.print(_simulation_line(summary), highlight=False)
+
+    with _reported(url), live or contextlib.nullcontext():
+        simulation = Simulation(settings, url, token or None)
+        summary = asyncio.run(simulation.run(progress, every=1.0 if live else 5.0, interruptible=True))
+    if output is Format.JSON:
+        _print_json(summary)
+    elif output is Format.CSV:
+        _print_csv(["measure", "count"], [[key, summary[key]] for key, _ in _SIMULATION_ROWS])
+    else:
+        _print_simulation(summary)
+    for example in summary["violation_examples"]:
+        typer.echo(f"lockledger: violation: {example}", err=True)
+    if summary["violations"]:
+        raise typer.Exit(1)
 
 
 # --- one `lockledger` command for every installed part -------------------------------------------------

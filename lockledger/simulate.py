@@ -1,0 +1,449 @@
+"""A fleet simulator: N simulated AGVs move pallets into zones against a running lockledger service, through
+the SDK alone, with contention, crashes and lost responses, checking the lock invariants as they go.
+
+Each AGV loops until the time is up. Mostly it runs a pallet-to-zone saga: step ``pick`` locks
+``{prefix}pallet:{n}`` and keeps it, step ``drive`` locks ``{prefix}zone:{z}``; a failed drive puts the
+pallet back (the pick's compensation). Sometimes it parks in a zone instead, holding the zone's lease
+(with heartbeats) for a while, so drives wait and time out. Few pallets and zones for many agents make
+them contend. With ``crash_probability`` a unit of work is cut short by a crash: the agent's network goes
+dead (``simulate_faults``), so its heartbeats stop and its leases are left to the reaper; it comes back
+after a pause as a new incarnation and recovers the saga it was running (its id, as a robot would keep
+its current job on disk) from the server's log. With ``drop_probability`` a command's answer is lost after
+the server processed it, and the SDK's retry gets the stored answer under the same Idempotency-Key.
+
+Every grant an agent acts on goes through the ``Ledger`` (``simulate_ledger``): violations must be 0
+against a correct server. The seed fixes every random choice, not the interleaving with the server.
+
+Owners: without a token (a dev-mode server) each AGV is its own owner, ``{prefix}agv-07``; with a token
+the server makes the token's name the owner of every lease, so all AGVs share one owner (the checks go
+by fencing token and do not care).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from lockledger.client import AsyncClient, check_owner, check_resource
+from lockledger.errors import (
+    Forbidden,
+    LockHeld,
+    LockLedgerError,
+    LockLost,
+    NotFound,
+    Unauthorized,
+    ValidationError,
+)
+from lockledger.lease import AsyncLease
+from lockledger.saga import AsyncSaga, SagaFailed, Step, StepContext, define, get_saga
+from lockledger.simulate_faults import AgentCrashed, FaultyTransport, Wire
+from lockledger.simulate_ledger import Ledger
+from lockledger_breaker import BreakerConfig, CircuitBreaker, CircuitOpen
+
+__all__ = ["Settings", "Simulation", "Summary"]
+
+# How long things take, in seconds (uniform between the bounds).
+_PICK_S = (0.02, 0.15)
+_DRIVE_S = (0.05, 0.3)
+_PICK_TIMEOUT_S = 2.0  # the pallet wait and the pick together
+_DRIVE_TIMEOUT_S = 1.0  # the zone wait and the drive together: an occupied zone fails the drive
+_PARK_WAIT_S = 0.5
+_PARK_TTLS = (0.5, 2.0)  # how long an AGV parks in a zone, in lease lengths (so its heartbeats run)
+_CRASH_AFTER_S = (0.0, 1.5)  # when, in a unit of work, a crash strikes
+_RESTART_TTLS = (0.5, 1.5)  # how long a crashed AGV stays down, in lease lengths: before or after expiry
+_GRACE_S = _PICK_TIMEOUT_S + _DRIVE_TIMEOUT_S + 2.0  # after the time is up, to finish the work at hand
+_SAGA_NAME = "sim-pallet-to-zone"
+# A breaker that reopens soon: lost answers are failures to it, and an AGV must not sit out the run.
+_BREAKER = BreakerConfig(wait_duration_in_open=1.0)
+_FATAL = (Unauthorized, Forbidden)  # a refused token: every agent would fail alike
+
+
+def _refused(detail: str) -> ValidationError:
+    return ValidationError(0, {"code": "validation_error", "detail": detail})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to simulate. ``pallets`` and ``zones`` default to a few for many agents, so they contend."""
+
+    agents: int = 8
+    duration: float = 30.0  # seconds
+    pallets: int | None = None  # default: agents // 2 (at least 2)
+    zones: int | None = None  # default: agents // 3 (at least 2)
+    prefix: str = "sim:"
+    seed: int | None = None
+    ttl: float = 2.0  # lease length, seconds: short, so crashed agents' leases expire within the run
+    crash_probability: float = 0.05  # per unit of work (a saga, or parking in a zone)
+    drop_probability: float = 0.02  # per command
+    park_probability: float = 0.2  # per unit of work: park in a zone rather than run a saga
+
+    @property
+    def pallet_count(self) -> int:
+        return self.pallets if self.pallets is not None else max(2, self.agents // 2)
+
+    @property
+    def zone_count(self) -> int:
+        return self.zones if self.zones is not None else max(2, self.agents // 3)
+
+    def check(self) -> None:
+        """``ValidationError`` (status 0) for settings no simulation can run with."""
+        if self.agents < 1 or self.pallet_count < 1 or self.zone_count < 1:
+            raise _refused("agents, pallets and zones are at least 1")
+        if not self.duration > 0 or not self.ttl >= 1.0:
+            raise _refused("duration is seconds > 0, and ttl seconds >= 1 (the server's least lease)")
+        for name in ("crash_probability", "drop_probability", "park_probability"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise _refused(f"{name} is between 0 and 1")
+        try:
+            check_resource(f"{self.prefix}pallet:{self.pallet_count}")
+            check_owner(f"{self.prefix}agv-{self.agents}")
+        except ValidationError:
+            raise _refused(f"prefix {self.prefix!r:.80}: up to 180 of A-Z, a-z, 0-9 and . _ : -") from None
+
+
+@dataclass
+class Counts:
+    """What the agents did and saw, beyond the wire."""
+
+    sagas_started: int = 0
+    sagas_completed: int = 0
+    sagas_compensated: int = 0  # aborted after the pick was undone (the pallet put back)
+    sagas_failed: int = 0  # aborted before there was anything to undo, stuck, or cut by an error
+    sagas_recovered: int = 0  # a crashed incarnation's saga, finished from the log by the next one
+    parked: int = 0
+    waits_timed_out: int = 0  # a step or a parking gave up waiting for its lock
+    leases_lost: int = 0  # a lease found lost while acting under it
+    crashes: int = 0
+    pallets_put_back: int = 0  # the pick's compensation ran (by the saga, or by a recovery)
+    errors: int = 0  # a unit of work cut by an error other than the expected refusals
+
+
+Summary = dict[str, Any]
+Progress = Callable[[Summary], None]
+
+
+@dataclass
+class _Incarnation:
+    number: int
+    holder: str  # the ledger's name for this life of the agent
+    client: AsyncClient
+    transport: FaultyTransport
+
+
+class Simulation:
+    """One run: ``summary = await Simulation(settings, url, token).run()``."""
+
+    def __init__(self, settings: Settings, url: str, token: str | None = None) -> None:
+        settings.check()
+        self.settings = settings
+        self.url = url
+        self.token = token
+        self.ledger = Ledger()
+        self.wire = Wire()
+        self.counts = Counts()
+        self._seed = settings.seed if settings.seed is not None else random.randrange(2**32)
+        self._run = uuid.uuid4().hex[:8]
+        self._stop = asyncio.Event()
+        self._halted = asyncio.Event()
+        self._lives: dict[int, _Incarnation] = {}
+        self._started = 0.0
+        self._definition = define(
+            _SAGA_NAME,
+            [
+                Step("pick", ["{pallet}"], compensate=self._put_back, timeout=_PICK_TIMEOUT_S, keep=True,
+                     ttl=settings.ttl),
+                Step("drive", ["{zone}"], timeout=_DRIVE_TIMEOUT_S, ttl=settings.ttl),
+            ],
+            register=False,
+        )  # fmt: skip
+
+    # --- the run -------------------------------------------------------------------------------------
+
+    async def run(
+        self, on_progress: Progress | None = None, every: float = 1.0, interruptible: bool = False
+    ) -> Summary:
+        """Run for ``settings.duration`` (then let the agents finish the work at hand, a few seconds at
+        most); ``on_progress`` gets the summary so far every ``every`` seconds. With ``interruptible``, a
+        first SIGINT stops early the same way and a second one stops at once."""
+        async with AsyncClient(self.url, token=self.token, retry_attempts=2, retry_timeout=2.0) as probe:
+            await probe.ready()  # an unreachable server is one error, not N agents failing
+        loop = asyncio.get_running_loop()
+        if interruptible:
+            with contextlib.suppress(NotImplementedError):  # no signal handlers on this platform
+                loop.add_signal_handler(signal.SIGINT, self.interrupt)
+        self._started = time.monotonic()
+        ticker = asyncio.create_task(self._tick(on_progress, every)) if on_progress else None
+        try:
+            with _quiet_sdk():
+                await self._drive_agents()
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+            if interruptible:
+                with contextlib.suppress(NotImplementedError):
+                    loop.remove_signal_handler(signal.SIGINT)
+        return self.summary()
+
+    def interrupt(self) -> None:
+        """Stop early: the first call lets the agents finish the work at hand, the second halts them."""
+        if self._stop.is_set():
+            self._halt()
+        self._stop.set()
+
+    async def _drive_agents(self) -> None:
+        agents = [asyncio.create_task(self._agent(index)) for index in range(1, self.settings.agents + 1)]
+        stopped = asyncio.create_task(self._stop.wait())
+        halted = asyncio.create_task(self._halted.wait())
+        finished: asyncio.Task[Any] | None = None
+        try:
+            # Agents end early only on an error (or an interrupt): then the run ends too.
+            await asyncio.wait(
+                [*agents, stopped], timeout=self.settings.duration, return_when=asyncio.FIRST_COMPLETED
+            )
+            self._stop.set()
+            finished = asyncio.create_task(asyncio.wait(agents))
+            await asyncio.wait([finished, halted], timeout=_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._halt()  # whoever is still at work: their network is cut, and they are cancelled
+            tasks = [*agents, stopped, halted, *([finished] if finished is not None else [])]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for agent in agents:  # a refused token ends the run as an error
+            if not agent.cancelled() and (error := agent.exception()) is not None:
+                raise error
+
+    def _halt(self) -> None:
+        """Cut every agent's network: whatever they are doing fails at once, their leases lapse."""
+        self._halted.set()
+        for life in self._lives.values():
+            life.transport.crash()
+
+    async def _tick(self, on_progress: Progress, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            on_progress(self.summary())
+
+    def summary(self) -> Summary:
+        c, w = self.counts, self.wire
+        return {
+            "agents": self.settings.agents, "pallets": self.settings.pallet_count,
+            "zones": self.settings.zone_count, "prefix": self.settings.prefix, "seed": self._seed,
+            "elapsed_s": round(time.monotonic() - self._started, 3) if self._started else 0.0,
+            "operations": w.requests, "grants": w.grants, "grants_checked": self.ledger.checked,
+            "lock_held": w.lock_held, "waits_timed_out": c.waits_timed_out,
+            "leases_lost": c.leases_lost, "crashes": c.crashes,
+            "dropped_responses": w.dropped, "replayed_responses": w.replayed,
+            "sagas_started": c.sagas_started, "sagas_completed": c.sagas_completed,
+            "sagas_compensated": c.sagas_compensated, "sagas_failed": c.sagas_failed,
+            "sagas_recovered": c.sagas_recovered, "pallets_put_back": c.pallets_put_back,
+            "parked": c.parked, "errors": c.errors,
+            "violations": self.ledger.violations, "violation_examples": list(self.ledger.examples),
+        }  # fmt: skip
+
+    # --- one AGV -------------------------------------------------------------------------------------
+
+    async def _agent(self, index: int) -> None:
+        """Lives until the time is up. A crash ends a life; after a while down, the next life recovers the
+        saga the last one left (also once the time is up, so no saga stays half-done on the server)."""
+        rng = random.Random(f"{self._seed}:{index}")
+        unfinished: str | None = None
+        incarnation = 0
+        while not self._halted.is_set():
+            incarnation += 1
+            life = self._born(index, incarnation, rng)
+            self._lives[index] = life
+            try:
+                if unfinished is not None:
+                    await self._recover(life, unfinished)
+                    unfinished = None
+                if self._stop.is_set():
+                    return
+                unfinished = await self._live(index, life, rng)
+            finally:
+                await life.client.aclose()
+            if not life.transport.crashed or self._halted.is_set():
+                return
+            with contextlib.suppress(TimeoutError):  # down for a while, unless the run ends first
+                await asyncio.wait_for(self._stop.wait(), rng.uniform(*_RESTART_TTLS) * self.settings.ttl)
+
+    def _born(self, index: int, incarnation: int, rng: random.Random) -> _Incarnation:
+        transport = FaultyTransport(
+            httpx.AsyncHTTPTransport(), rng=rng, drop_probability=self.settings.drop_probability,
+            wire=self.wire, ledger=self.ledger,
+        )  # fmt: skip
+        agent_id = f"{self.settings.prefix}agv-{index:02d}"
+        client = AsyncClient(
+            self.url, token=self.token, agent_id=None if self.token else agent_id, transport=transport,
+            retry_attempts=5, retry_timeout=5.0, breaker=CircuitBreaker(_BREAKER, name=agent_id),
+        )  # fmt: skip
+        return _Incarnation(incarnation, f"{agent_id}#{incarnation}", client, transport)
+
+    async def _live(self, index: int, life: _Incarnation, rng: random.Random) -> str | None:
+        """Units of work until the time is up (None) or a crash (the id of the saga it cut, if any)."""
+        sequence = 0
+        while not self._stop.is_set():
+            sequence += 1
+            saga_id: str | None = None
+            if rng.random() < self.settings.park_probability:
+                work = asyncio.create_task(self._park(life, rng))
+            else:
+                saga_id = f"sim-{self._run}-{index:02d}-{life.number}-{sequence}"
+                work = asyncio.create_task(self._move(life, saga_id, rng))
+            crash_after = (
+                rng.uniform(*_CRASH_AFTER_S) if rng.random() < self.settings.crash_probability else None
+            )
+            try:
+                done, _ = await asyncio.wait({work}, timeout=crash_after)
+                if not done:  # the crash strikes mid-work
+                    self.counts.crashes += 1
+                    self._crash(life)
+            finally:
+                if not work.done():
+                    work.cancel()
+                await asyncio.wait({work})
+            error = None if work.cancelled() else work.exception()
+            if life.transport.crashed:  # or halted: how the work unwound then is no outcome
+                return saga_id
+            if error is not None:
+                raise error
+        return None
+
+    def _crash(self, life: _Incarnation) -> None:
+        life.transport.crash()
+        self.ledger.crashed(life.holder)
+
+    # --- parking in a zone ---------------------------------------------------------------------------
+
+    async def _park(self, life: _Incarnation, rng: random.Random) -> None:
+        zone = self._zone(rng)
+        try:
+            async with life.client.lock(zone, ttl=self.settings.ttl, wait=_PARK_WAIT_S) as lease:
+                self._observe(life, lease)
+                self.counts.parked += 1
+                await asyncio.sleep(rng.uniform(*_PARK_TTLS) * self.settings.ttl)
+                self._check(lease)
+        except LockHeld:
+            self.counts.waits_timed_out += 1
+        except LockLost:
+            pass  # counted where it was found
+        except _FATAL:
+            raise
+        except (LockLedgerError, CircuitOpen, AgentCrashed):
+            if not life.transport.crashed:  # a crashed agent's unwinding is not an outcome
+                self.counts.errors += 1
+
+    # --- the saga ------------------------------------------------------------------------------------
+
+    async def _move(self, life: _Incarnation, saga_id: str, rng: random.Random) -> None:
+        pallet, zone = self._pallet(rng), self._zone(rng)
+        params = {"pallet": pallet, "zone": zone}
+        self.counts.sagas_started += 1
+        try:
+            async with life.client.saga(saga_id, self._definition, params=params) as saga:
+                await saga.step("pick", action=self._work(life, pallet, rng.uniform(*_PICK_S)),
+                                compensate=self._put_back_under(life, saga, pallet))  # fmt: skip
+                await saga.step("drive", action=self._work(life, zone, rng.uniform(*_DRIVE_S)))
+        except SagaFailed as failed:
+            if not life.transport.crashed:  # a crashed agent's unwinding is not an outcome
+                self._count_failed(failed)
+        except _FATAL:
+            raise
+        except (LockLedgerError, CircuitOpen, AgentCrashed):
+            if not life.transport.crashed:
+                self.counts.sagas_failed += 1
+                self.counts.errors += 1
+        else:
+            self.counts.sagas_completed += 1
+
+    def _count_failed(self, failed: SagaFailed) -> None:
+        if failed.reason == "timeout":
+            self.counts.waits_timed_out += 1
+        picked = failed.view is not None and failed.view.step("pick").status == "compensated"
+        if picked and failed.view is not None and failed.view.status == "aborted":
+            self.counts.sagas_compensated += 1
+        else:
+            self.counts.sagas_failed += 1
+
+    def _work(self, life: _Incarnation, resource: str, seconds: float) -> Callable[[StepContext], Any]:
+        """A step's action: act on ``resource`` for a while under its lease, and say what was done."""
+
+        async def act(ctx: StepContext) -> dict[str, Any]:
+            lease = ctx.leases[resource]
+            self._observe(life, lease)
+            await asyncio.sleep(seconds)
+            self._check(lease)
+            return {"resource": resource, "fencing_token": lease.fencing_token}
+
+        return act
+
+    def _put_back_under(self, life: _Incarnation, saga: AsyncSaga, pallet: str) -> Callable[[Any], Any]:
+        """The pick's compensation as this orchestrator runs it: under the pallet's lease, if still held."""
+
+        async def put_back(result: dict[str, Any] | None) -> None:
+            lease = saga.leases.get(pallet)
+            if lease is not None:
+                self._observe(life, lease)
+            await self._put_back(result)
+
+        return put_back
+
+    async def _put_back(self, result: dict[str, Any] | None) -> None:
+        """Idempotent: a pallet already on its dock stays there (a recovering orchestrator may repeat it)."""
+        self.counts.pallets_put_back += 1
+
+    async def _recover(self, life: _Incarnation, saga_id: str) -> None:
+        """Finish the saga the previous incarnation was running when it crashed, from the log alone."""
+        try:
+            view = await get_saga(life.client, saga_id)
+            if view.finished:
+                return
+            await life.client.saga(saga_id, self._definition).recover(view)
+        except NotFound:  # the crash came before the server heard of it
+            return
+        except _FATAL:
+            raise
+        except (SagaFailed, LockLedgerError, CircuitOpen, AgentCrashed):
+            self.counts.errors += 1
+            return
+        self.counts.sagas_recovered += 1
+
+    # --- observations --------------------------------------------------------------------------------
+
+    def _observe(self, life: _Incarnation, lease: AsyncLease) -> None:
+        if not life.transport.crashed:
+            self.ledger.granted(lease.resource, lease.fencing_token, life.holder, lease)
+
+    def _check(self, lease: AsyncLease) -> None:
+        if lease.lost.is_set():
+            self.counts.leases_lost += 1
+        lease.check()
+
+    def _pallet(self, rng: random.Random) -> str:
+        return f"{self.settings.prefix}pallet:{rng.randrange(self.settings.pallet_count)}"
+
+    def _zone(self, rng: random.Random) -> str:
+        return f"{self.settings.prefix}zone:{rng.randrange(self.settings.zone_count)}"
+
+
+@contextlib.contextmanager
+def _quiet_sdk() -> Iterator[None]:
+    """The SDK warns of every lost lease and failed release; in a simulation that breaks them on
+    purpose, those warnings are the expected noise, and the summary counts them."""
+    sdk = logging.getLogger("lockledger")
+    level = sdk.level
+    sdk.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        sdk.setLevel(level)
