@@ -178,7 +178,10 @@ async def test_a_dashboard_or_agent_token_is_refused_in_one_line(
     scene: Scene, issue_token: IssueToken, unique_prefix: str, role: Role
 ) -> None:
     token = await issue_token(f"{unique_prefix}{role.value}", role)
-    for args in (["replay", "--at", scene.after], ["history", "--agent", scene.owner], ["export"]):
+    refused = [["history", "--agent", scene.owner], ["export"]]
+    if role is Role.AGENT:  # a dashboard may see the fleet at an instant (its time slider), not history
+        refused.append(["replay", "--at", scene.after])
+    for args in refused:
         line = _one_line_error(lockledger(*args, url=scene.url, token=token))
         assert "403" in line
         assert "investigator" in line
