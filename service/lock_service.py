@@ -40,19 +40,13 @@ COMMANDS_TOTAL = Counter(
     " replayed (an Idempotency-Key's stored answer)",
     ["command", "outcome"],
 )
-_COMMAND_NAMES: dict[type[Command], str] = {
-    Acquire: "acquire",
-    Renew: "renew",
-    Release: "release",
-    ForceRelease: "force_release",
-    Expire: "expire",
-}
-_DONE = {
-    Acquire: "granted",
-    Renew: "renewed",
-    Release: "released",
-    ForceRelease: "force_released",
-    Expire: "expired",
+# Each command's label, and the outcome it counts when it did what it was asked.
+_COMMAND_NAMES: dict[type[Command], tuple[str, str]] = {
+    Acquire: ("acquire", "granted"),
+    Renew: ("renew", "renewed"),
+    Release: ("release", "released"),
+    ForceRelease: ("force_release", "force_released"),
+    Expire: ("expire", "expired"),
 }
 _REFUSALS = ("lock_held", "not_holder", "lease_expired", "validation_error", "domain_error")
 
@@ -63,19 +57,19 @@ class _CommandCounts:
     def __init__(self) -> None:
         self._children = {
             (kind, outcome): COMMANDS_TOTAL.labels(name, outcome)
-            for kind, name in _COMMAND_NAMES.items()
-            for outcome in (_DONE[kind], "replayed", *_REFUSALS)
+            for kind, (name, done) in _COMMAND_NAMES.items()
+            for outcome in (done, "replayed", *_REFUSALS)
         }
 
     def done(self, command: Command, result: CommandResult) -> None:
         kind = type(command)
-        self._children[kind, "replayed" if result.replayed else _DONE[kind]].inc()
+        self._children[kind, "replayed" if result.replayed else _COMMAND_NAMES[kind][1]].inc()
 
     def refused(self, command: Command, error: DomainError) -> None:
         child = self._children.get((type(command), error.code))
         if child is None:  # a refusal code added later: bound on first use
             child = self._children[type(command), error.code] = COMMANDS_TOTAL.labels(
-                _COMMAND_NAMES[type(command)], error.code
+                _COMMAND_NAMES[type(command)][0], error.code
             )
         child.inc()
 
