@@ -17,11 +17,12 @@ from api.http_protocol import DRAIN
 from api.limits import install_limits
 from service import garbage_collection, loop_lag
 from service.authenticator import Authenticator
+from service.composition import lock_service_on_pool, reaper_on_pool
 from service.config import Settings
 from service.database import create_pool
 from service.database_guard import DatabaseGuard
-from service.lock_service import LockService
-from service.reaper import Reaper
+from service.memory import MemoryTrimmer
+from service.outage import OutageWatch
 from service.store_adapters import Adapters
 
 log = structlog.get_logger("lockledger.api")
@@ -39,7 +40,10 @@ tokens create --name NAME --role ROLE`): role `agent` holds leases as the token'
 lock state, `investigator` also reads history, `admin` may do everything including force-release.
 
 Errors are `application/problem+json` with a stable `code`. Timestamps are RFC 3339 in UTC with
-microseconds, e.g. `2026-05-05T09:30:00.250000Z`.
+microseconds, e.g. `2026-05-05T09:30:00.250000Z`. An instant sent in a query (`at`, `from`, `to`) is RFC
+3339 with an offset, within years 1 to 9999 once in UTC and at most to the microsecond (further
+fractional digits only if zeros); anything else is 422 `validation_error`. A header the service reads
+once (`Authorization`, `Content-Type`, `Idempotency-Key`, ...) sent twice is 400 `bad_request`.
 """
 
 DOCS_ASSETS = "/docs/static"
@@ -57,6 +61,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[Mapping[str, Any]]:
         pool = await create_pool(settings)
         app.state.pool = pool
+        outage_watch = OutageWatch.for_settings(pool, settings)
         # Queries and history read through the read-only role, on a replica when one is configured.
         app.state.read_pool = await create_pool(
             settings,
@@ -64,7 +69,7 @@ def create_app(
             url=settings.read_database_url,
             max_size=settings.read_pool_max_size,
         )
-        app.state.lock_service = LockService.on_pool(
+        app.state.lock_service = lock_service_on_pool(
             pool,
             settings.ttl_bounds,
             adapters=Adapters(
@@ -78,6 +83,7 @@ def create_app(
             acquire_timeout_s=settings.pool_acquire_timeout_s,
             max_wait_ms=settings.max_wait_ms,
             wait_poll_s=settings.wait_poll_ms / 1000,
+            outage_watch=outage_watch,
         )
         app.state.authenticator = (
             None
@@ -94,15 +100,19 @@ def create_app(
         reaper_task = None
         reaper = None
         if settings.reaper_enabled:
-            reaper = Reaper(pool, settings)
+            reaper = reaper_on_pool(pool, settings, outage_watch=outage_watch)
             reaper_task = asyncio.create_task(reaper.run(), name="reaper")
         app.state.feed = await feed.start_feed(app.state.read_pool)  # the change feed's one reader
+        app.state.memory = MemoryTrimmer()  # freed feed queues back to the OS when readers end
         lag_watch = asyncio.create_task(loop_lag.watch(), name="event-loop-lag")
+        beacon = asyncio.create_task(outage_watch.run(), name="outage-beacon")
         garbage_collection.tune_after_startup()
         try:
             # The HTTP protocol finds the drain here when uvicorn begins a graceful shutdown.
             yield {DRAIN: app.state.lock_service.drain}
         finally:
+            outage_watch.stop()
+            await beacon
             lag_watch.cancel()
             await app.state.feed.stop()
             with contextlib.suppress(asyncio.CancelledError):
@@ -130,8 +140,9 @@ def create_app(
     app.state.settings = settings
     problems.install(app)
     # Extra routers first, where the commands are without them: a route the router matches later pays for
-    # every route tried before it (commands reach the router only with OpenTelemetry on).
-    command_routers = [*extra_command_routers, commands.router]
+    # every route tried before it (commands reach the router only with OpenTelemetry on). Lock commands
+    # and saga transitions are served alike (api/command_route.py).
+    command_routers = [*extra_command_routers, commands.router, sagas.commands]
     if not telemetry:
         # Innermost of the app's middleware (added first), so the request limits still see every request.
         routes = [route for router in command_routers for route in router.routes]
@@ -143,7 +154,7 @@ def create_app(
     app.include_router(stats.router)
     app.include_router(replay.router)
     app.include_router(feed.router)
-    app.include_router(sagas.router)
+    app.include_router(sagas.router)  # the reads; the transitions are among the commands
     app.include_router(audit.router)
     app.include_router(tokens.router)
     app.include_router(health.router)

@@ -1,4 +1,4 @@
-"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, tokens, psql, database-url.
+"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, tokens, psql, database-url, cluster.
 
 Server packages are imported inside each command, so `lockledger --help` stays fast and the SDK part of
 this package never needs them.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import errno
 import os
 import shutil
@@ -22,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from api.cluster_cli import cluster_app
 from eventstore.dburl import DATABASE_URL_ENV, asyncpg_dsn
 from eventstore.embedded import DATA_DIR_ENV
 
@@ -44,6 +46,27 @@ DataDir = Annotated[
 ]
 DatabaseUrl = Annotated[
     str | None, typer.Option("--database-url", envvar=DATABASE_URL_ENV, help="PostgreSQL URL.")
+]
+
+
+class LogLevelName(enum.StrEnum):
+    """The levels ``--log-level`` accepts (a typo is refused by the option, not found at start)."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+LogLevel = Annotated[
+    LogLevelName,
+    typer.Option(
+        case_sensitive=False,
+        envvar="LOCKLEDGER_LOG_LEVEL",
+        help="Log level of every logger, structlog's and the standard library's (uvicorn's too): debug, info,"
+        " warning, error, critical.",
+    ),
 ]
 
 
@@ -115,13 +138,15 @@ def _migrate(url: str) -> None:
 
 
 # uvicorn without per-request work the service does not need: access lines (structlog and /metrics cover
-# it), proxy header rewriting (no proxy in front by default), Server and Date headers; and httptools
-# guarded against slow and hostile clients (api/http_protocol.py: deadlines for request heads and bodies,
-# a connection cap below the open-file limit, a cap on unfinished heads, problem+json for malformed
-# requests), which also ends waiting acquires when a graceful shutdown begins.
+# it), its own logging set-up (service/logs.py configures every logger, uvicorn's too), proxy header
+# rewriting (no proxy in front by default), Server and Date headers; and httptools guarded against slow
+# and hostile clients (api/http_protocol.py: deadlines for request heads and bodies and for writes that
+# do not drain, a connection cap below the open-file limit, a cap on unfinished heads, problem+json for
+# malformed requests), which also ends waiting acquires when a graceful shutdown begins.
 _UVICORN_OPTIONS: dict[str, Any] = {
     "http": "api.http_protocol:GuardedHttpToolsProtocol",
     "access_log": False,
+    "log_config": None,
     "proxy_headers": False,
     "server_header": False,
     "date_header": False,
@@ -129,6 +154,7 @@ _UVICORN_OPTIONS: dict[str, Any] = {
 
 
 APP_FACTORY = "api.app:create_app"
+REAPER_STOP_TIMEOUT_S = 5.0  # how long the reaper command waits for its last beat and its pool to close
 
 
 @app.command()
@@ -143,7 +169,7 @@ def serve(
     reaper: Annotated[
         bool, typer.Option(envvar="LOCKLEDGER_REAPER_ENABLED", help="Run the reaper inside the server.")
     ] = True,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    log_level: LogLevel = LogLevelName.INFO,
     workers: Annotated[
         int, typer.Option(min=1, max=64, help="Server processes (each with its own pool).")
     ] = 1,
@@ -165,6 +191,9 @@ def serve(
 ) -> None:
     """Serve the HTTP API (and the reaper). Without a database URL, an embedded PostgreSQL is started."""
 
+    from service.logs import configure_logging
+
+    configure_logging(log_level.value)
     # The port first: when it is taken, nothing else (PostgreSQL, migrations, the reaper) should start.
     port = _claim_port(host, port)
 
@@ -179,6 +208,7 @@ def serve(
     settings = Settings(database_url=url, reaper_enabled=reaper, dev_mode=dev)
     base = f"http://{host}:{port}"
     console.print(f"[bold]lockledger[/bold] serving on {base}")
+    console.print(f"  Dashboard:             {base}/")
     console.print(f"  API docs (Swagger UI): {base}/docs")
     console.print(f"  API docs (ReDoc):      {base}/redoc")
     console.print(f"  OpenAPI schema:        {base}/openapi.json")
@@ -197,7 +227,9 @@ def serve(
 
     if workers == 1:
         with _sigterm_unwinds():
-            uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, **_UVICORN_OPTIONS)
+            uvicorn.run(
+                create_app(settings), host=host, port=port, log_level=log_level.value, **_UVICORN_OPTIONS
+            )
         return
     from api.workers import Supervisor
 
@@ -206,7 +238,7 @@ def serve(
     os.environ["LOCKLEDGER_REAPER_ENABLED"] = "true" if reaper else "false"
     os.environ["LOCKLEDGER_DEV_MODE"] = "true" if dev else "false"
     config = uvicorn.Config(
-        app_factory, factory=True, host=host, port=port, log_level=log_level, **_UVICORN_OPTIONS
+        app_factory, factory=True, host=host, port=port, log_level=log_level.value, **_UVICORN_OPTIONS
     )
     try:
         status = Supervisor(config, workers).run()
@@ -239,23 +271,37 @@ def _port_unusable(host: str, port: int, error: OSError) -> NoReturn:
 
 
 @app.command("reaper")
-def run_reaper(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+def run_reaper(
+    database_url: DatabaseUrl = None, data_dir: DataDir = None, log_level: LogLevel = LogLevelName.INFO
+) -> None:
     """Run a standalone reaper (several may run at once; they share the work).
 
     Without a database URL it uses the embedded PostgreSQL, as the other commands do."""
+    from service.composition import reaper_on_pool
     from service.config import Settings
     from service.database import create_pool
-    from service.reaper import Reaper
+    from service.logs import configure_logging
+    from service.outage import OutageWatch
+
+    configure_logging(log_level.value)
 
     async def main(url: str) -> None:
         settings = Settings(database_url=url)
         pool = await create_pool(settings)
-        reaper = Reaper(pool, settings)
+        outage_watch = OutageWatch.for_settings(pool, settings)
+        reaper = reaper_on_pool(pool, settings, outage_watch=outage_watch)
         console.print(f"reaper {reaper.reaper_id} running; Ctrl-C to stop")
+        beacon = asyncio.create_task(outage_watch.run())
         try:
             await reaper.run()
         finally:
-            await pool.close()
+            # Bounded: Ctrl-C ends the process promptly even if a beat or a connection hangs.
+            outage_watch.stop()
+            try:
+                await asyncio.wait_for(beacon, REAPER_STOP_TIMEOUT_S)
+                await asyncio.wait_for(pool.close(), REAPER_STOP_TIMEOUT_S)
+            except TimeoutError:
+                pool.terminate()
 
     with _sigterm_unwinds():
         url, _ = _resolve_database(database_url, data_dir)
@@ -403,6 +449,9 @@ def audit_digest(
 
 tokens_app = typer.Typer(no_args_is_help=True, help="API tokens: create, list, revoke.")
 app.add_typer(tokens_app, name="tokens")
+
+# `lockledger cluster up|status|switchover|dsn|down` (api/cluster_cli.py): a local Patroni cluster.
+app.add_typer(cluster_app, name="cluster")
 
 RoleOption = Annotated[
     str, typer.Option(help="agent (holds leases as NAME), dashboard, investigator, or admin.")

@@ -1,57 +1,128 @@
-"""The command endpoints' request path: FastAPI documents them, this route serves them.
+"""The one way commands are served, locks and sagas alike: FastAPI declares them, ``CommandRoute`` serves.
 
 An agent's acquire, heartbeat and release are most of the traffic, and FastAPI's general machinery was
-most of their cost: solving a dependency tree per request, validating each header and path parameter
-through its own pydantic field, re-inspecting the endpoint's signature. Measured: about three quarters of
-the no-op twin's server time per request (docs/decisions/0014-command-route.md). A command endpoint needs
-far less, always the same: authenticate the caller, read its optional headers, refuse query parameters
-(it has none), check the resource segment, validate one JSON body. ``CommandRoute`` does exactly that, in
-that order (so a request without credentials is 401 before its body is looked at, as with FastAPI's
-dependencies), and then calls the endpoint. Its handler is reached past the router by
-``api/fast_path.py``.
+most of their cost: solving a dependency tree per request, validating each header through its own
+pydantic field, re-inspecting the endpoint's signature (docs/decisions/0014-command-route.md). A command
+endpoint needs far less, always the same: authenticate and authorize the caller, read the headers its
+caller declares, refuse query parameters (it has none), validate its path parameters and one JSON body.
+``CommandRoute`` does exactly that, in that order (so a request without credentials is 401 before its
+body is looked at, as with FastAPI's dependencies), and then calls the endpoint. Without OpenTelemetry
+its handler is reached past the router by ``api/fast_path.py``; with it, through the router.
 
-The endpoint is still declared the FastAPI way, ``(resource: ResourcePath, body: SomeRequest, call:
-Holder)``, so the OpenAPI at ``/docs`` (path pattern, body schema, the headers ``CommandCaller``
-declares, the bearer scheme) is generated as before, and validation errors have the shape FastAPI gives
-them (``loc``, ``msg``, ``type``; turned into problem+json by ``api/problems.py``). A route whose endpoint
-has any other shape is refused when the app is built, not served differently. Verified with FastAPI
-0.165 (pinned in pyproject.toml); ``tests/api/test_fast_path.py`` compares its answers with FastAPI's own.
+An endpoint is declared once, the FastAPI way: its path parameters (``Path`` constraints), at most one
+body (a model, or a model or None), the ``CommandCaller`` dependency (``call: Holder``), and, if it needs
+the app, the ``Request``. FastAPI documents it from that signature; the headers the caller reads are
+documented from the caller's own ``CommandHeader`` declarations, which are what ``CommandCaller``
+validates, so the OpenAPI cannot disagree with what is served. Validation errors have the shape FastAPI
+gives them (``loc``, ``msg``, ``type``; turned into problem+json by ``api/problems.py``). A route whose
+endpoint has any other shape is refused when the app is built, not served differently. Verified with
+FastAPI 0.165 (pinned in pyproject.toml); ``tests/api/test_fast_path.py`` compares its answers with the
+router's.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol
 
-from fastapi import Header, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
+from pydantic import TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 from api.auth import authorize
-from api.request_checks import declared_query, header_text, require_json, unknown_query_errors
+from api.request_checks import header_text, require_json, unknown_query_errors
 from domain.access import Action, Principal
-from domain.resource import RESOURCE_MAX_LENGTH, RESOURCE_RULE, is_valid_resource
-from domain.saga import SAGA_ID_MAX_LENGTH, SAGA_ID_PATTERN, is_valid_saga_id
+from domain.saga import SAGA_ID_MAX_LENGTH, SAGA_ID_PATTERN
 from domain.value import value
 from service.idempotency import MAX_KEY_LENGTH
 from service.lock_service import CommandContext, LockService
 
 _TRACE_MAX_LENGTH = 200  # X-Correlation-ID, X-Causation-ID
 
-# The headers every command and saga transition reads, declared once for both.
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        min_length=1,
-        max_length=MAX_KEY_LENGTH,
-        description="Retry-safe key: the same key and request return the stored response.",
-    ),
-]
-CorrelationIdHeader = Annotated[str | None, Header(alias="X-Correlation-ID", max_length=_TRACE_MAX_LENGTH)]
-CausationIdHeader = Annotated[str | None, Header(alias="X-Causation-ID", max_length=_TRACE_MAX_LENGTH)]
+
+@dataclass(frozen=True, slots=True)
+class CommandHeader:
+    """An optional header a command reads: validated by ``CommandCaller`` and documented from here.
+
+    Header values are opaque text, compared and stored as sent. Their bytes are decoded as UTF-8, so a key
+    with non-ASCII characters is stored, shown in the events' metadata and matched on replay as the
+    characters the client sent; bytes that are not UTF-8 are a 422. The IETF draft describes the
+    Idempotency-Key as a Structured Field String (quoted, printable ASCII); like other servers this one
+    does not insist on that form, and never unquotes a key.
+    """
+
+    name: str
+    max_length: int
+    min_length: int = 0
+    pattern: str | None = None
+    description: str | None = None
+
+    def read(self, request: Request, errors: list[dict[str, Any]]) -> str | None:
+        """The header's text, or None when absent or invalid (the reason appended to ``errors``)."""
+        loc = ("header", self.name)
+        try:
+            text = header_text(request, self.name)
+        except UnicodeDecodeError:
+            errors.append({"type": "string_unicode", "loc": loc, "msg": "Header value should be UTF-8 text"})
+            return None
+        if text is None:
+            return None
+        if len(text) < self.min_length:
+            msg = f"String should have at least {self.min_length} character"
+            errors.append({"type": "string_too_short", "loc": loc, "msg": msg})
+        elif len(text) > self.max_length:
+            msg = f"String should have at most {self.max_length} characters"
+            errors.append({"type": "string_too_long", "loc": loc, "msg": msg})
+        elif self.pattern is not None and re.match(self.pattern, text) is None:
+            msg = f"String should match pattern '{self.pattern}'"
+            errors.append({"type": "string_pattern_mismatch", "loc": loc, "msg": msg})
+        else:
+            return text
+        return None
+
+    def openapi(self) -> dict[str, Any]:
+        """The header as an OpenAPI parameter."""
+        schema: dict[str, Any] = {"type": "string", "maxLength": self.max_length}
+        if self.min_length:
+            schema["minLength"] = self.min_length
+        if self.pattern is not None:
+            schema["pattern"] = self.pattern
+        parameter: dict[str, Any] = {"name": self.name, "in": "header", "required": False, "schema": schema}
+        if self.description is not None:
+            parameter["description"] = self.description
+        return parameter
+
+
+IDEMPOTENCY_KEY = CommandHeader(
+    "Idempotency-Key",
+    MAX_KEY_LENGTH,
+    min_length=1,
+    description="Retry-safe key: the same key and request return the stored response.",
+)
+CORRELATION_ID = CommandHeader("X-Correlation-ID", _TRACE_MAX_LENGTH)
+CAUSATION_ID = CommandHeader("X-Causation-ID", _TRACE_MAX_LENGTH)
+SAGA_ID = CommandHeader(
+    "X-Saga-ID",
+    SAGA_ID_MAX_LENGTH,
+    min_length=1,
+    pattern=SAGA_ID_PATTERN,
+    description="The saga this command is taken within; kept in the events' metadata.",
+)
+SAGA_STEP = CommandHeader(
+    "X-Saga-Step",
+    SAGA_ID_MAX_LENGTH,
+    min_length=1,
+    pattern=SAGA_ID_PATTERN,
+    description="The saga step this command is taken for.",
+)
+# What every command reads; a lock command taken within a saga also names the saga and its step.
+COMMAND_HEADERS = (IDEMPOTENCY_KEY, CORRELATION_ID, CAUSATION_ID)
+LOCK_COMMAND_HEADERS = (*COMMAND_HEADERS, SAGA_ID, SAGA_STEP)
 
 
 @value
@@ -66,187 +137,138 @@ class CommandCall:
 
 
 class CommandCaller:
-    """The dependency of every command endpoint: the caller, allowed ``action``, and the command context.
+    """The dependency of every command endpoint: the caller, allowed ``action``, and the command context
+    read from ``headers``. ``CommandRoute`` calls it with the request, before anything else."""
 
-    FastAPI reads ``__call__``'s signature for the OpenAPI (the headers and their limits); ``CommandRoute``
-    calls ``from_request``, which reads the same headers by hand and applies the same limits.
-    """
-
-    def __init__(self, action: Action) -> None:
+    def __init__(self, action: Action, headers: tuple[CommandHeader, ...] = COMMAND_HEADERS) -> None:
         self.action = action
+        self.headers = headers
 
-    async def __call__(
-        self,
-        request: Request,
-        idempotency_key: IdempotencyKeyHeader = None,
-        correlation_id: CorrelationIdHeader = None,
-        causation_id: CausationIdHeader = None,
-        saga_id: Annotated[
-            str | None,
-            Header(
-                alias="X-Saga-ID",
-                pattern=SAGA_ID_PATTERN,
-                max_length=SAGA_ID_MAX_LENGTH,
-                description="The saga this command is taken within; kept in the events' metadata.",
-            ),
-        ] = None,
-        saga_step: Annotated[
-            str | None,
-            Header(
-                alias="X-Saga-Step",
-                pattern=SAGA_ID_PATTERN,
-                max_length=SAGA_ID_MAX_LENGTH,
-                description="The saga step this command is taken for.",
-            ),
-        ] = None,
-    ) -> CommandCall:
-        raise NotImplementedError("served by CommandRoute, which calls from_request")
-
-    async def from_request(self, request: Request) -> CommandCall:
+    async def __call__(self, request: Request) -> CommandCall:
         """Authenticate and authorize first (401/403 before anything else is looked at), then the headers.
-
-        The Idempotency-Key (and the trace ids) are opaque text, compared and stored as sent. Their bytes
-        are decoded as UTF-8, so a key with non-ASCII characters is stored, shown in the events'
-        metadata and matched on replay as the characters the client sent; bytes that are not UTF-8 are
-        a 422. The IETF draft describes the key as a Structured Field String (quoted, printable ASCII);
-        like other servers this one does not insist on that form, and never unquotes a key.
-        """
+        Idempotency-Keys are scoped to the principal: one agent's key never replays another's response."""
         caller = await authorize(request, self.action)
         errors: list[dict[str, Any]] = []
-        idempotency_key = _text_header(request, "Idempotency-Key", errors)
-        correlation_id = _text_header(request, "X-Correlation-ID", errors)
-        causation_id = _text_header(request, "X-Causation-ID", errors)
-        saga_id = _saga_header(request, "X-Saga-ID", errors)
-        saga_step = _saga_header(request, "X-Saga-Step", errors)
-        errors += [
-            *_length_errors("Idempotency-Key", idempotency_key, 1, MAX_KEY_LENGTH),
-            *_length_errors("X-Correlation-ID", correlation_id, 0, _TRACE_MAX_LENGTH),
-            *_length_errors("X-Causation-ID", causation_id, 0, _TRACE_MAX_LENGTH),
-        ]
+        sent = {header.name: header.read(request, errors) for header in self.headers}
         if errors:
             raise RequestValidationError(errors)
-        # Idempotency-Keys are scoped to the principal: one agent's key never replays another's response.
         context = CommandContext(
             principal=caller.name,
-            idempotency_key=idempotency_key,
-            correlation_id=correlation_id,
-            causation_id=causation_id,
-            saga_id=saga_id,
-            saga_step=saga_step,
+            idempotency_key=sent.get(IDEMPOTENCY_KEY.name),
+            correlation_id=sent.get(CORRELATION_ID.name),
+            causation_id=sent.get(CAUSATION_ID.name),
+            saga_id=sent.get(SAGA_ID.name),
+            saga_step=sent.get(SAGA_STEP.name),
         )
         return CommandCall(caller, context, request.app.state.lock_service, request.is_disconnected)
 
 
+@dataclass(frozen=True, slots=True)
+class _Body:
+    """The endpoint's body parameter: its name, its validator, and whether it may be left out."""
+
+    name: str
+    validate_json: Callable[[bytes], Any]
+    required: bool
+
+
 class CommandRoute(APIRoute):
-    """Serves an endpoint ``(resource, body, call)`` without FastAPI's per-request dependency solving."""
+    """Serves an endpoint ``(path parameters..., [body], call[, request])`` without FastAPI's per-request
+    dependency solving; documents the headers its ``CommandCaller`` reads."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        extra = dict(self.openapi_extra or {})
+        declared = list(extra.get("parameters", ()))
+        named = {parameter.get("name") for parameter in declared}  # a copied route has them already
+        headers = [header.openapi() for header in self._caller().headers if header.name not in named]
+        self.openapi_extra = {**extra, "parameters": [*declared, *headers]}
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        endpoint, body_model, caller = self._command_shape()
-        accepted = declared_query(self.dependant)
+        endpoint = self.endpoint
+        caller = self._caller()
+        call_name = self.dependant.dependencies[0].name
+        assert call_name is not None  # a parameter's, not the route's own dependencies=[...]
+        request_name = self.dependant.request_param_name
+        path_checks = {
+            field.name: _validator(field.field_info).validate_python for field in self.dependant.path_params
+        }
+        body = self._body()
 
         async def handle(request: Request) -> Response:
-            call = await caller.from_request(request)
-            errors = unknown_query_errors(request, accepted) if request.scope.get("query_string") else []
-            resource: str = request.path_params["resource"]
-            if not is_valid_resource(resource):
-                errors.append(_resource_error(resource))
-            body = await _body(request, body_model, errors)
+            arguments: dict[str, Any] = {call_name: await caller(request)}
+            if request_name is not None:
+                arguments[request_name] = request
+            errors = unknown_query_errors(request, ()) if request.scope.get("query_string") else []
+            sent = request.path_params
+            for name, check in path_checks.items():
+                try:
+                    arguments[name] = check(sent[name])
+                except ValidationError as invalid:
+                    errors += _located(invalid, ("path", name))
+            if body is not None:
+                arguments[body.name] = await _read_body(request, body, errors)
             if errors:
                 raise RequestValidationError(errors)
-            response: Response = await endpoint(resource=resource, body=body, call=call)
+            response: Response = await endpoint(**arguments)
             return response
 
         return handle
 
-    def _command_shape(self) -> tuple[Callable[..., Any], type[BaseModel], CommandCaller]:
+    def _caller(self) -> CommandCaller:
         dependant = self.dependant
-        body_types = [field.field_info.annotation for field in dependant.body_params]
         callers = [sub.call for sub in dependant.dependencies if isinstance(sub.call, CommandCaller)]
         shape_ok = (
-            [field.name for field in dependant.path_params] == ["resource"]
-            and len(body_types) == 1
-            and isinstance(body_types[0], type)
-            and issubclass(body_types[0], BaseModel)
-            and len(callers) == 1
+            len(callers) == 1
             and len(dependant.dependencies) == 1
+            and len(dependant.body_params) <= 1
             and not (dependant.query_params or dependant.header_params or dependant.cookie_params)
         )
         if not shape_ok:
-            raise TypeError(f"{self.path}: a CommandRoute endpoint takes (resource, body, call) only")
-        assert isinstance(body_types[0], type)
-        return self.endpoint, body_types[0], callers[0]
+            raise TypeError(
+                f"{self.path}: a CommandRoute endpoint takes (path parameters, a body, call, request) only"
+            )
+        return callers[0]
+
+    def _body(self) -> _Body | None:
+        if not self.dependant.body_params:
+            return None
+        field = self.dependant.body_params[0]
+        validator = _validator(field.field_info)
+        return _Body(field.name, validator.validate_json, field.field_info.is_required())
 
 
-async def _body(request: Request, model: type[BaseModel], errors: list[dict[str, Any]]) -> BaseModel | None:
-    """The validated body; a body that is not declared JSON is a 415 (``require_json``), whatever else
-    is wrong with the request."""
+class _Validator(Protocol):
+    """What is used of pydantic-core's validator."""
+
+    def validate_python(self, value: Any, /) -> Any: ...
+
+    def validate_json(self, data: bytes, /) -> Any: ...
+
+
+def _validator(info: FieldInfo) -> _Validator:
+    """pydantic-core's validator for a declared parameter: its type with its constraints (lengths,
+    pattern); called directly, without ``TypeAdapter``'s per-call wrapper."""
+    declared: Any = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    return TypeAdapter(declared).validator
+
+
+async def _read_body(request: Request, body: _Body, errors: list[dict[str, Any]]) -> Any:
+    """The validated body (None for an optional body left out); a body that is not declared JSON is a
+    415 (``require_json``), whatever else is wrong with the request."""
     raw = await request.body()
     if not raw:
-        msg = "Field required: a JSON object, sent with Content-Type: application/json"
-        errors.append({"type": "missing", "loc": ("body",), "msg": msg, "input": None})
+        if body.required:
+            msg = "Field required: a JSON object, sent with Content-Type: application/json"
+            errors.append({"type": "missing", "loc": ("body",), "msg": msg, "input": None})
         return None
     require_json(request)
     try:
-        return model.model_validate_json(raw)
+        return body.validate_json(raw)
     except ValidationError as invalid:
-        for error in invalid.errors(include_url=False):
-            errors.append({**error, "loc": ("body", *error["loc"])})
+        errors += _located(invalid, ("body",))
         return None
 
 
-def _resource_error(resource: str) -> dict[str, Any]:
-    if not resource:
-        return {
-            "type": "string_too_short",
-            "loc": ("path", "resource"),
-            "msg": "String should have at least 1 character",
-        }
-    if len(resource) > RESOURCE_MAX_LENGTH:
-        msg = f"String should have at most {RESOURCE_MAX_LENGTH} characters"
-        return {"type": "string_too_long", "loc": ("path", "resource"), "msg": msg}
-    msg = f"String should be a resource id: {RESOURCE_RULE}"
-    return {"type": "string_pattern_mismatch", "loc": ("path", "resource"), "msg": msg}
-
-
-def _text_header(request: Request, header: str, errors: list[dict[str, Any]]) -> str | None:
-    try:
-        return header_text(request, header)
-    except UnicodeDecodeError:
-        msg = "Header value should be UTF-8 text"
-        errors.append({"type": "string_unicode", "loc": ("header", header), "msg": msg})
-        return None
-
-
-def _saga_header(request: Request, header: str, errors: list[dict[str, Any]]) -> str | None:
-    """``X-Saga-ID`` or ``X-Saga-Step``: a saga id or step name (``domain/saga.py``), or absent."""
-    value = _text_header(request, header, errors)
-    if value is None or is_valid_saga_id(value):
-        return value
-    if not value or len(value) > SAGA_ID_MAX_LENGTH:
-        errors += _length_errors(header, value, 1, SAGA_ID_MAX_LENGTH)
-    else:
-        msg = f"String should match pattern '{SAGA_ID_PATTERN}'"
-        errors.append({"type": "string_pattern_mismatch", "loc": ("header", header), "msg": msg})
-    return None
-
-
-def _length_errors(header: str, value: str | None, low: int, high: int) -> list[dict[str, Any]]:
-    if value is None:
-        return []
-    if len(value) < low:
-        return [
-            {
-                "type": "string_too_short",
-                "loc": ("header", header),
-                "msg": f"String should have at least {low} character",
-            }
-        ]
-    if len(value) > high:
-        return [
-            {
-                "type": "string_too_long",
-                "loc": ("header", header),
-                "msg": f"String should have at most {high} characters",
-            }
-        ]
-    return []
+def _located(invalid: ValidationError, where: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [{**error, "loc": (*where, *error["loc"])} for error in invalid.errors(include_url=False)]

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from api.command_route import CommandCall, CommandCaller, CommandRoute
+from api.command_route import LOCK_COMMAND_HEADERS, CommandCall, CommandCaller, CommandRoute
 from api.dependencies import ResourcePath
 from api.models import (
     AcquireRequest,
@@ -32,8 +32,8 @@ from service.errors import Forbidden
 
 router = APIRouter(prefix="/v1/locks", tags=["commands"], route_class=CommandRoute)
 
-Holder = Annotated[CommandCall, Depends(CommandCaller(Action.HOLD))]
-Admin = Annotated[CommandCall, Depends(CommandCaller(Action.FORCE_RELEASE))]
+Holder = Annotated[CommandCall, Depends(CommandCaller(Action.HOLD, LOCK_COMMAND_HEADERS))]
+Admin = Annotated[CommandCall, Depends(CommandCaller(Action.FORCE_RELEASE, LOCK_COMMAND_HEADERS))]
 
 
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:

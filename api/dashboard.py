@@ -19,6 +19,7 @@ router = APIRouter(include_in_schema=False)
 ASSET_DIR = Path(__file__).with_name("dashboard")
 ASSETS = {
     "dashboard.js": "text/javascript",
+    "timeline.js": "text/javascript",
     "dashboard.css": "text/css",
     "favicon.svg": "image/svg+xml",
 }

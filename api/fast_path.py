@@ -1,4 +1,5 @@
-"""The command endpoints served straight from the middleware stack, past the router.
+"""The command endpoints (lock commands and saga transitions) served from the middleware stack, past
+the router.
 
 An agent's acquire, heartbeat and release are nearly all of the traffic, and on their way from the HTTP
 server to ``CommandRoute``'s handler FastAPI passes each through five more layers that a command endpoint

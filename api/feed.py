@@ -5,6 +5,12 @@ back as ``Last-Event-ID`` to resume), ``event:`` the event type, ``data:`` the e
 line. Keep-alive comments every ``LOCKLEDGER_FEED_KEEPALIVE_S`` seconds (15). A client whose queue
 (``LOCKLEDGER_FEED_QUEUE_SIZE`` events, 1,000) fills gets ``event: overflow`` with where to resume, and
 the stream ends.
+
+A client that stops reading altogether cannot be sent ``overflow``: its TCP window is full. The send
+then waits until the HTTP protocol's write deadline (``LOCKLEDGER_HTTP_WRITE_TIMEOUT_S``,
+``api/http_protocol.py``) aborts the connection and logs it in one line; the stream then ends as for any
+client that hangs up. No send timeout of sse-starlette's own: it ended the stream by raising an error
+that was logged with a traceback per client.
 """
 
 from __future__ import annotations
@@ -24,9 +30,16 @@ from api.request_checks import StrictRoute
 from domain.access import Action
 from domain.resource import OWNER_PATTERN
 from eventstore.tail import CURSOR_PATTERN, Cursor, Filter, parse_cursor
-from service.feed import OVERFLOW, Feed, FutureCursor
+from service.feed import Feed, FutureCursor
 
 router = APIRouter(tags=["feed"], route_class=StrictRoute, dependencies=[Depends(require(Action.READ_FEED))])
+
+
+# Messages ready at once are joined into writes of about this size (the transport's high-water mark):
+# a window reaches 20 dashboards in 20 writes, not one per event each, and a catch-up page does not sit
+# whole in the write buffer of a client that does not read.
+CHUNK_BYTES = 64 * 1024
+_FELL_BEHIND = "this client fell too far behind; reconnect with Last-Event-ID to resume"
 
 
 def _env_float(name: str, default: float) -> float:
@@ -94,25 +107,33 @@ async def stream(
     except FutureCursor as exc:
         raise _invalid(("header", "last-event-id"), str(exc)) from exc
 
-    async def messages() -> AsyncIterator[ServerSentEvent]:
+    async def messages() -> AsyncIterator[bytes]:
+        """A batch of deliveries as few writes as fit: messages joined up to ``CHUNK_BYTES`` each."""
         place: Cursor = subscription.start
         try:
-            async for item in deliveries:
-                if item == OVERFLOW or isinstance(item, str):
-                    detail = {
-                        "detail": "this client fell too far behind; reconnect with Last-Event-ID to resume",
-                        "last_event_id": str(place),
-                    }
-                    yield ServerSentEvent(data=json.dumps(detail), event="overflow", id=str(place))
-                    return
-                place = item.cursor
-                yield ServerSentEvent(data=item.event.line, event=item.event.type, id=str(place))
+            async for batch in deliveries:
+                chunk: list[bytes] = []
+                size = 0
+                for item in batch:
+                    if isinstance(item, str):  # OVERFLOW, always a batch's last
+                        detail = {"detail": _FELL_BEHIND, "last_event_id": str(place)}
+                        message = ServerSentEvent(data=json.dumps(detail), event="overflow", id=str(place))
+                    else:
+                        place = item.cursor
+                        message = ServerSentEvent(data=item.event.line, event=item.event.type, id=str(place))
+                    chunk.append(message.encode())
+                    size += len(chunk[-1])
+                    if size >= CHUNK_BYTES:
+                        yield b"".join(chunk)
+                        chunk, size = [], 0
+                if chunk:
+                    yield b"".join(chunk)
         finally:
             feed.unsubscribe(subscription)
+            request.app.state.memory.trim_soon()
 
     return EventSourceResponse(
         messages(),
         ping=keepalive_s(),
-        send_timeout=30,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

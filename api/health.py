@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterator
 
 import structlog
+from asyncpg.exceptions import TargetServerAttributeNotMatched
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -14,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from api.problems import problem
 from api.request_checks import StrictRoute
 from projections import queries
+from service.database_guard import NOT_PRIMARY
 from service.errors import Unavailable
 
 log = structlog.get_logger("lockledger.api")
@@ -21,6 +23,7 @@ log = structlog.get_logger("lockledger.api")
 router = APIRouter(tags=["operations"], route_class=StrictRoute)
 
 LEASES_HELD_SCRAPE_TIMEOUT_S = 1.0
+NO_WRITABLE_PRIMARY = "no writable primary: the database takes no writes now (a failover in progress?)"
 
 
 class LeasesHeld:
@@ -58,21 +61,28 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", responses={503: {"description": "the database is not answering"}})
 async def readyz(request: Request) -> Response:
     """Ready to serve commands: a round trip through the same database guard as the commands succeeds
-    within a second. While the guard is open this answers 503 at once; once its wait has passed, this
-    check is one of the probes that close it again."""
+    within a second, on a primary that takes writes (``no writable primary`` otherwise). While the guard
+    is open this answers 503 at once; once its wait has passed, this check is one of the probes that
+    close it again."""
     pool = request.app.state.pool
 
-    async def probe() -> None:
+    async def probe() -> bool:
         async with asyncio.timeout(1.0), pool.acquire() as conn:
-            await conn.fetchval("SELECT 1")
+            return bool(await conn.fetchval("SELECT current_setting('transaction_read_only') = 'off'"))
 
     try:
-        await request.app.state.lock_service.guard.run(probe)
+        writable = await request.app.state.lock_service.guard.run(probe)
     except Exception as error:  # any failure to reach the database means not ready
-        detail = (
-            error.detail if isinstance(error, Unavailable) else f"database not ready: {type(error).__name__}"
-        )
+        if isinstance(error, Unavailable):
+            detail = error.detail
+        elif isinstance(error, (*NOT_PRIMARY, TargetServerAttributeNotMatched)):
+            detail = f"{NO_WRITABLE_PRIMARY} ({type(error).__name__})"
+        else:
+            detail = f"database not ready: {type(error).__name__}"
         return problem(503, "unavailable", detail, headers={"Retry-After": "1"})
+    if not writable:
+        await pool.expire_connections()
+        return problem(503, "unavailable", NO_WRITABLE_PRIMARY, headers={"Retry-After": "1"})
     return JSONResponse({"status": "ready"})
 
 

@@ -15,6 +15,12 @@ descriptor and with them the health check. ``GuardedHttpToolsProtocol`` adds, pe
   connection beyond it displaces the one that has waited longest without a complete request (an
   unfinished head first, then an unfinished body, then an idle keep-alive connection) and only when every
   connection holds a request being served is it refused itself, with 503 ``unavailable`` and Retry-After.
+- **write deadline**: a response the client does not take: once the connection's write buffer passes
+  the transport's high-water mark, the client must take enough of it to bring it below the low-water
+  mark within ``http_write_timeout_s``; otherwise the connection is aborted (``SO_LINGER`` 0, so no
+  kernel buffer is kept for it either) and one line with ``reason="write_timeout"`` and the path is
+  logged. This is what ends a change-feed reader that stopped reading (docs/semantics.md): its window is
+  full, so no ``overflow`` event could reach it, and the app's send waits until the connection is gone.
 - **drain**: a graceful shutdown first ends every waiting acquire (503, the client retries elsewhere)
   instead of waiting out ``LOCKLEDGER_MAX_WAIT_MS`` (the lifespan puts the drain under ``DRAIN``).
 - **problem+json 400**: a request httptools cannot parse gets ``bad_request`` as problem+json, not
@@ -35,6 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
+import struct
 import sys
 import weakref
 from collections.abc import Callable
@@ -76,6 +84,8 @@ UVICORN_CONTRACT: Final = {
         "send_400_response",
         "shutdown",
         "handle_websocket_upgrade",
+        "pause_writing",
+        "resume_writing",
     ),
     "protocol_attributes": (
         "config",
@@ -103,6 +113,7 @@ class ServingLimits:
     head_timeout_s: float
     body_timeout_s: float
     max_connections: int
+    write_timeout_s: float = 30.0
 
 
 def open_file_limit() -> int | None:
@@ -145,6 +156,7 @@ def serving_limits() -> ServingLimits:
         head_timeout_s=settings.http_head_timeout_s,
         body_timeout_s=settings.http_body_timeout_s,
         max_connections=connection_cap(settings, open_file_limit()),
+        write_timeout_s=settings.http_write_timeout_s,
     )
 
 
@@ -195,7 +207,7 @@ class _Tally:
         CLOSED.labels(self.reason).inc()
         now = loop.time()
         if now >= self.next_at:
-            log.warning(self.event, count=1, **fields)
+            log.warning(self.event, reason=self.reason, count=1, **fields)
             self.next_at = now + LOG_WINDOW_S
             return
         self.pending += 1
@@ -205,7 +217,7 @@ class _Tally:
     def _report(self, loop: asyncio.AbstractEventLoop) -> None:
         self.flush = None
         if self.pending:
-            log.warning(self.event, count=self.pending, window_s=LOG_WINDOW_S)
+            log.warning(self.event, reason=self.reason, count=self.pending, window_s=LOG_WINDOW_S)
             self.pending = 0
             self.next_at = loop.time() + LOG_WINDOW_S
 
@@ -238,6 +250,11 @@ class _Serving:
             "connection cap reached and every connection busy; refused a new one with 503", "refused"
         )
     )
+    write_timeouts: _Tally = field(
+        default_factory=lambda: _Tally(
+            "client did not take the response in time; connection aborted", "write_timeout"
+        )
+    )
 
 
 _SERVING: weakref.WeakKeyDictionary[ServerState, _Serving] = weakref.WeakKeyDictionary()
@@ -264,6 +281,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._idle = False  # in ``serving.idle``
         self._timer: asyncio.TimerHandle | None = None
         self._phase = _HEAD  # what the timer waits for (and which registry holds this connection)
+        self._write_timer: asyncio.TimerHandle | None = None  # armed while writing is paused
 
     # --- connection ---------------------------------------------------------------------------------
 
@@ -351,6 +369,41 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         CLOSED.labels("bad_request").inc()
         self._close(_BAD_REQUEST)
 
+    # --- writing ------------------------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        """The write buffer passed the high-water mark: the client has that long to take it."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(
+                self._serving.limits.write_timeout_s, self._write_timed_out
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_write_timer()
+
+    def _stop_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        self._serving.write_timeouts.add(
+            self.loop,
+            client=self._client(),
+            path=cycle.scope["path"] if cycle is not None else None,
+            timeout_s=self._serving.limits.write_timeout_s,
+        )
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset, not an orderly close that would wait for the client to read
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()  # connection_lost tells the app that the client is gone
+
     # --- deadlines and the cap ----------------------------------------------------------------------
 
     def _arm(self, phase: int) -> None:
@@ -367,6 +420,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._registry(self._phase).pop(self, None)
 
     def _forget(self) -> None:
+        self._stop_write_timer()
         if self._timer is not None:
             self._disarm()
         if self._idle:

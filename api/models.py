@@ -30,23 +30,41 @@ Timestamp = Annotated[
     WithJsonSchema({"type": "string", "format": "date-time"}, mode="serialization"),
 ]
 
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+# RFC 3339's date-time with an offset ("T", "t" or a space between date and time); ASCII digits only.
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.(?P<fraction>\d+))?(?:[Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+MICROSECOND_DIGITS = 6  # what PostgreSQL's timestamptz and Python's datetime keep
 
 
 def _rfc3339(value: object) -> object:
-    """Only RFC 3339 text with an offset is an instant here: pydantic would also read ``0.5`` as one."""
-    if isinstance(value, str) and not _RFC3339.match(value):
+    """Only RFC 3339 text with an offset is an instant here: pydantic would also read ``0.5`` as one.
+    More than six fractional digits are refused unless the extra ones are zeros (pydantic would cut
+    them off, and ``.9999999`` would silently become ``.999999``)."""
+    if not isinstance(value, str):
+        return value
+    match = _RFC3339.fullmatch(value)
+    if match is None:
         raise ValueError("an RFC 3339 date-time with an offset is expected, e.g. 2026-05-05T14:02:07Z")
-    return value
+    fraction = match["fraction"]
+    if fraction is None or len(fraction) <= MICROSECOND_DIGITS:
+        return value
+    if fraction[MICROSECOND_DIGITS:].strip("0"):
+        raise ValueError(
+            f"an instant has at most {MICROSECOND_DIGITS} fractional digits (microseconds); "
+            f"{len(fraction)} were sent"
+        )
+    start, end = match.span("fraction")
+    return value[: start + MICROSECOND_DIGITS] + value[end:]
 
 
 def _in_utc(value: datetime) -> datetime:
     """The instant in UTC. One that UTC cannot write (before year 1 or after 9999, as with
-    ``0001-01-01T00:00:00+00:01``) is before or after anything recorded: the first or last instant."""
+    ``0001-01-01T00:00:00+14:00``) is refused, like any other instant out of range."""
     try:
         return value.astimezone(UTC)
     except OverflowError:
-        return datetime.min.replace(tzinfo=UTC) if value.year == 1 else datetime.max.replace(tzinfo=UTC)
+        raise ValueError("the instant is outside years 1 to 9999 in UTC") from None
 
 
 # An instant a client sends in a query: RFC 3339 with an offset (a naive time names no instant).

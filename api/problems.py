@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 from starlette.staticfiles import StaticFiles
 
@@ -31,6 +32,7 @@ log = structlog.get_logger("lockledger.api")
 PROBLEM_JSON = "application/problem+json"
 
 _TITLES = {
+    "bad_request": "Bad request",
     "lock_held": "Lock held",
     "not_holder": "Not the holder",
     "lease_expired": "Lease expired",
@@ -161,8 +163,17 @@ def install(app: FastAPI) -> None:
     for error_type in UNREACHABLE:
         app.add_exception_handler(error_type, database_unavailable)
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_disconnected(request: Request, error: ClientDisconnect) -> Response:
+        """A client that hangs up before its request body arrived: expected on any network, so one line,
+        not an error with a traceback. The answer goes nowhere (the connection is gone)."""
+        log.info("client hung up before sending its request body", path=request.url.path, reason="hangup")
+        return problem(400, "bad_request", "the client hung up mid-request", instance=request.url.path)
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> Response:
+        # One traceback, rendered off the event loop and without locals (service/logs.py), which also
+        # drops the second one uvicorn logs for the same exception ("Exception in ASGI application").
         log.exception("unhandled error", path=request.url.path)
         return problem(500, "internal_error", "an unexpected error occurred", instance=request.url.path)
 
@@ -211,8 +222,9 @@ def _allowed_methods(request: Request) -> str:
 
 def document(app: FastAPI) -> None:
     """Make the OpenAPI say what the handlers above do: every validation error (422) is problem+json,
-    not FastAPI's default ``HTTPValidationError`` JSON, every operation may answer 503 ``unavailable``, and
-    every operation behind a token may answer 401 and 403."""
+    not FastAPI's default ``HTTPValidationError`` JSON, every operation may answer 400 ``bad_request``
+    (a repeated header), 431 and 503 ``unavailable``, and every operation behind a token may answer 401
+    and 403."""
     from fastapi.openapi.utils import get_openapi
 
     def openapi() -> dict[str, Any]:
@@ -240,7 +252,9 @@ def document(app: FastAPI) -> None:
             for operation in path.values():
                 responses = operation.setdefault("responses", {})
                 answers = [("422", "Validation error"), ("503", "Service unavailable")]
-                # api/limits.py: any request may carry too many header bytes; only a body can be too big.
+                # api/limits.py: any request may carry too many header bytes, or repeat a header the
+                # service reads once; only a body can be too big.
+                answers.append(("400", "A header the service reads once (e.g. Authorization) is repeated"))
                 answers.append(("431", "Request headers too large"))
                 if "requestBody" in operation:
                     answers.append(("413", "Request body too large"))

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.models import Owner, Timestamp
+from api.models import Owner, Timestamp, WholeNumber
 from domain.resource import RESOURCE_MAX_LENGTH, RESOURCE_PATTERN
 from domain.saga import MAX_LOCKS_PER_STEP, MAX_RESULT_BYTES, MAX_STEPS, SAGA_ID_MAX_LENGTH, SAGA_ID_PATTERN
 
@@ -50,6 +50,13 @@ class CreateSagaRequest(_Body):
         min_length=1, max_length=MAX_STEPS, description="Run in this order; names must be unique (else 409)."
     )
     policy: Policy = Field(default="compensate", description="What recovery does with an unfinished saga.")
+    lease_ms: WholeNumber | None = Field(
+        default=None,
+        description="The saga's own lease, renewed by `POST /v1/sagas/{id}/heartbeat` and by every"
+        " transition; the server default (30 s) if omitted. Bounded like a lock's `ttl_ms`. When it lapses"
+        " the reaper compensates the saga (or records the lapse, for `forward`); a second lapse makes it"
+        " `stuck`.",
+    )
 
 
 class CompleteStepRequest(_Body):
@@ -84,6 +91,13 @@ class Saga(BaseModel):
     version: int
     started_at: Timestamp
     updated_at: Timestamp
+    lease_ms: int | None = Field(description="The saga's lease; null for a saga started without one.")
+    lease_expires_at: Timestamp | None = Field(
+        description="The lease's deadline by the database clock; null once the saga has ended."
+    )
+    lease_lapsed_at: Timestamp | None = Field(
+        description="When the lease last lapsed with no heartbeat since; null otherwise."
+    )
 
 
 class SagaList(BaseModel):

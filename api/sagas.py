@@ -3,7 +3,9 @@
 An agent drives its own sagas (the owner is its principal; another's is 403), dashboards and
 investigators read them, an admin reads and may abort any. A transition the saga's state does not allow
 is 409 ``saga_conflict``, naming the saga's status and the step it expects; a transition that already
-happened answers 200 with the saga as it is, and appends nothing.
+happened answers 200 with the saga as it is, and appends nothing. The orchestrator heartbeats its saga's
+lease (``POST /v1/sagas/{id}/heartbeat``); the reaper lapses the lease of a saga whose heartbeats stopped
+(``service/saga_lapse.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pydantic import BaseModel
 from pydantic_core import to_json
 
 from api.auth import authenticate
-from api.command_route import CausationIdHeader, CorrelationIdHeader, IdempotencyKeyHeader
+from api.command_route import CommandCall, CommandCaller, CommandRoute
 from api.commands import lease_owner
 from api.models import Problem
 from api.problems import problem
@@ -34,6 +36,7 @@ from api.saga_models import (
     SagaStatus,
 )
 from domain.access import Action, Principal, Role, allows, roles_allowed
+from domain.errors import InvalidCommand
 from domain.resource import OWNER_PATTERN
 from domain.saga import (
     MAX_RESULT_BYTES,
@@ -45,6 +48,7 @@ from domain.saga import (
     CompleteStep,
     FailCompensation,
     FailStep,
+    RenewSagaLease,
     SagaCommand,
     SagaConflict,
     SagaDefinitionConflict,
@@ -54,11 +58,15 @@ from domain.saga import (
     StartSaga,
     StartStep,
     StepDef,
+    stream_id,
 )
 from projections import saga_state
+from service.composition import saga_service_on_pool
 from service.errors import Conflict, Forbidden
 from service.saga_service import SagaContext, SagaService, row_view
 
+# The transitions are commands, served as the lock commands are (api/command_route.py); the reads are not.
+commands = APIRouter(prefix="/v1/sagas", tags=["sagas"], route_class=CommandRoute)
 router = APIRouter(prefix="/v1/sagas", tags=["sagas"], route_class=StrictRoute)
 
 SagaPath = Annotated[
@@ -83,18 +91,14 @@ async def _caller(request: Request) -> Principal:
 Caller = Annotated[Principal, Depends(_caller)]
 
 
-async def _context(
-    caller: Caller,
-    idempotency_key: IdempotencyKeyHeader = None,
-    correlation_id: CorrelationIdHeader = None,
-    causation_id: CausationIdHeader = None,
-) -> SagaContext:
-    if not allows(caller.role, Action.DRIVE_SAGA):
-        raise Forbidden(_role_refusal(caller, Action.DRIVE_SAGA))
-    return SagaContext(caller.name, idempotency_key, correlation_id, causation_id)
+Driver = Annotated[CommandCall, Depends(CommandCaller(Action.DRIVE_SAGA))]
 
 
-Context = Annotated[SagaContext, Depends(_context)]
+def _context(call: CommandCall) -> SagaContext:
+    context = call.context
+    return SagaContext(
+        context.principal, context.idempotency_key, context.correlation_id, context.causation_id
+    )
 
 
 def _role_refusal(caller: Principal, action: Action) -> str:
@@ -122,7 +126,7 @@ def _service(request: Request) -> SagaService:
     service: SagaService | None = getattr(state, "saga_service", None)
     if service is None:
         settings = state.settings
-        service = SagaService(
+        service = saga_service_on_pool(
             state.pool,
             state.lock_service.guard,
             acquire_timeout_s=settings.pool_acquire_timeout_s,
@@ -132,10 +136,10 @@ def _service(request: Request) -> SagaService:
     return service
 
 
-async def _run(request: Request, command: SagaCommand, ctx: SagaContext, caller: Principal) -> Response:
+async def _run(request: Request, command: SagaCommand, call: CommandCall) -> Response:
     service = _service(request)
     try:
-        result = await service.execute(command, ctx, _own_only(caller))
+        result = await service.execute(command, _context(call), _own_only(call.caller))
     except SagaConflict as error:
         return problem(
             409, error.code, error.detail, instance=request.url.path,
@@ -158,15 +162,16 @@ def _document(model: type[BaseModel], *statuses: int) -> dict[str, Any]:
 _SAGA_IDS = uuid.UUID("5b0c6f1e-2f7a-4c55-9a53-6a1d3c1f7e42")  # the namespace of ids made from keys
 
 
-def _made_id(ctx: SagaContext) -> str:
+def _made_id(call: CommandCall) -> str:
     """A saga id for a create that names none: random, or, under an Idempotency-Key, derived from the
     caller and the key, so a retried create finds the saga (and the answer) the first one made."""
-    if ctx.idempotency_key is None:
+    context = call.context
+    if context.idempotency_key is None:
         return str(uuid.uuid4())
-    return str(uuid.uuid5(_SAGA_IDS, f"{ctx.principal}\n{ctx.idempotency_key}"))
+    return str(uuid.uuid5(_SAGA_IDS, f"{context.principal}\n{context.idempotency_key}"))
 
 
-@router.post(
+@commands.post(
     "",
     response_model=Saga,
     status_code=201,
@@ -175,33 +180,44 @@ def _made_id(ctx: SagaContext) -> str:
         200: {"model": Saga, "description": "The saga exists with this definition: as it is."},
     },
 )
-async def create_saga(request: Request, body: CreateSagaRequest, ctx: Context, caller: Caller) -> Response:
+async def create_saga(request: Request, body: CreateSagaRequest, call: Driver) -> Response:
     """Start a saga (201). The same `saga_id` again with the same definition: 200 and the saga as it is;
     with another definition, or with step names that repeat: 409 `conflict`."""
-    owner = lease_owner(body.owner, caller)
+    owner = lease_owner(body.owner, call.caller)
+    saga_id = body.saga_id or _made_id(call)
+    bounds = request.app.state.settings.ttl_bounds
+    lease_ms = bounds.default_ms if body.lease_ms is None else body.lease_ms
+    if not bounds.contains(lease_ms):  # outside the schema: 422 before any other check
+        detail = f"lease_ms must be between {bounds.min_ms} and {bounds.max_ms}, got {lease_ms}"
+        raise InvalidCommand(stream_id(saga_id), detail)
     names = [step.name for step in body.steps]
     if len(set(names)) != len(names):
         raise Conflict("step names must be unique within a saga")
-    saga_id = body.saga_id or _made_id(ctx)
     steps = tuple(StepDef(step.name, tuple(step.locks)) for step in body.steps)
-    return await _run(request, StartSaga(saga_id, body.name, owner, steps, body.policy), ctx, caller)
+    start = StartSaga(saga_id, body.name, owner, steps, body.policy, lease_ms)
+    return await _run(request, start, call)
 
 
-@router.post("/{saga_id}/steps/{step}/start", **_document(Saga, 404, 409))
-async def start_step(
-    request: Request, saga_id: SagaPath, step: StepPath, ctx: Context, caller: Caller
-) -> Response:
+@commands.post("/{saga_id}/heartbeat", **_document(Saga, 404, 409))
+async def heartbeat(request: Request, saga_id: SagaPath, call: Driver) -> Response:
+    """The orchestrator is alive: the saga's lease starts again (`lease_expires_at`), and a recorded lapse
+    is cleared. Send it every third of the lease while the saga runs (the SDK does). An ended saga: 409
+    `saga_conflict`."""
+    return await _run(request, RenewSagaLease(saga_id), call)
+
+
+@commands.post("/{saga_id}/steps/{step}/start", **_document(Saga, 404, 409))
+async def start_step(request: Request, saga_id: SagaPath, step: StepPath, call: Driver) -> Response:
     """Start the next step (steps run in order, none after a failure or an abort)."""
-    return await _run(request, StartStep(saga_id, step), ctx, caller)
+    return await _run(request, StartStep(saga_id, step), call)
 
 
-@router.post("/{saga_id}/steps/{step}/complete", **_document(Saga, 404, 409))
+@commands.post("/{saga_id}/steps/{step}/complete", **_document(Saga, 404, 409))
 async def complete_step(
     request: Request,
     saga_id: SagaPath,
     step: StepPath,
-    ctx: Context,
-    caller: Caller,
+    call: Driver,
     body: Annotated[CompleteStepRequest | None, Body()] = None,
 ) -> Response:
     """The running step is done; `result` is kept and handed to its compensation later."""
@@ -214,55 +230,51 @@ async def complete_step(
                 instance=request.url.path,
                 errors=[{"loc": ["body", "result"], "msg": "too large", "type": "too_long"}],
             )  # fmt: skip
-    return await _run(request, CompleteStep(saga_id, step, result), ctx, caller)
+    return await _run(request, CompleteStep(saga_id, step, result), call)
 
 
-@router.post("/{saga_id}/steps/{step}/fail", **_document(Saga, 404, 409))
+@commands.post("/{saga_id}/steps/{step}/fail", **_document(Saga, 404, 409))
 async def fail_step(
-    request: Request, saga_id: SagaPath, step: StepPath, body: ReasonRequest, ctx: Context, caller: Caller
+    request: Request, saga_id: SagaPath, step: StepPath, body: ReasonRequest, call: Driver
 ) -> Response:
     """The running step failed: the saga starts compensating its completed steps, last first."""
-    return await _run(request, FailStep(saga_id, step, body.reason), ctx, caller)
+    return await _run(request, FailStep(saga_id, step, body.reason), call)
 
 
-@router.post("/{saga_id}/steps/{step}/compensation/start", **_document(Saga, 404, 409))
-async def start_compensation(
-    request: Request, saga_id: SagaPath, step: StepPath, ctx: Context, caller: Caller
-) -> Response:
+@commands.post("/{saga_id}/steps/{step}/compensation/start", **_document(Saga, 404, 409))
+async def start_compensation(request: Request, saga_id: SagaPath, step: StepPath, call: Driver) -> Response:
     """Start compensating the last completed step not yet compensated."""
-    return await _run(request, StartCompensation(saga_id, step), ctx, caller)
+    return await _run(request, StartCompensation(saga_id, step), call)
 
 
-@router.post("/{saga_id}/steps/{step}/compensation/complete", **_document(Saga, 404, 409))
+@commands.post("/{saga_id}/steps/{step}/compensation/complete", **_document(Saga, 404, 409))
 async def complete_compensation(
-    request: Request, saga_id: SagaPath, step: StepPath, ctx: Context, caller: Caller
+    request: Request, saga_id: SagaPath, step: StepPath, call: Driver
 ) -> Response:
     """The step is compensated; once every completed step is, the saga is `aborted`."""
-    return await _run(request, CompleteCompensation(saga_id, step), ctx, caller)
+    return await _run(request, CompleteCompensation(saga_id, step), call)
 
 
-@router.post("/{saga_id}/steps/{step}/compensation/fail", **_document(Saga, 404, 409))
+@commands.post("/{saga_id}/steps/{step}/compensation/fail", **_document(Saga, 404, 409))
 async def fail_compensation(
-    request: Request, saga_id: SagaPath, step: StepPath, body: ReasonRequest, ctx: Context, caller: Caller
+    request: Request, saga_id: SagaPath, step: StepPath, body: ReasonRequest, call: Driver
 ) -> Response:
     """The compensation failed; the orchestrator retries it. The fifth failure of one step's compensation
     makes the saga `stuck` with this reason. Each call counts one failure: retry with an Idempotency-Key."""
-    return await _run(request, FailCompensation(saga_id, step, body.reason), ctx, caller)
+    return await _run(request, FailCompensation(saga_id, step, body.reason), call)
 
 
-@router.post("/{saga_id}/complete", **_document(Saga, 404, 409))
-async def complete_saga(request: Request, saga_id: SagaPath, ctx: Context, caller: Caller) -> Response:
+@commands.post("/{saga_id}/complete", **_document(Saga, 404, 409))
+async def complete_saga(request: Request, saga_id: SagaPath, call: Driver) -> Response:
     """Every step completed: the saga is `completed`."""
-    return await _run(request, CompleteSaga(saga_id), ctx, caller)
+    return await _run(request, CompleteSaga(saga_id), call)
 
 
-@router.post("/{saga_id}/abort", **_document(Saga, 404, 409))
-async def abort_saga(
-    request: Request, saga_id: SagaPath, body: ReasonRequest, ctx: Context, caller: Caller
-) -> Response:
+@commands.post("/{saga_id}/abort", **_document(Saga, 404, 409))
+async def abort_saga(request: Request, saga_id: SagaPath, body: ReasonRequest, call: Driver) -> Response:
     """The owner or an admin aborts a running saga: it compensates its completed steps, last first, and
     is then `aborted`."""
-    return await _run(request, AbortSaga(saga_id, body.reason, caller.name), ctx, caller)
+    return await _run(request, AbortSaga(saga_id, body.reason, call.caller.name), call)
 
 
 def _reader(caller: Principal) -> Principal:

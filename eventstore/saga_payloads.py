@@ -8,6 +8,7 @@ JSON object can be stored (a NUL in a string, which jsonb cannot hold, stays esc
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from domain.saga import (
@@ -17,6 +18,9 @@ from domain.saga import (
     SAGA_ABORT_REQUESTED,
     SAGA_ABORTED,
     SAGA_COMPLETED,
+    SAGA_LEASE_EXPIRED,
+    SAGA_LEASE_EXTENDED,
+    SAGA_LEASE_RENEWED,
     SAGA_STARTED,
     SAGA_STUCK,
     STEP_COMPLETED,
@@ -29,6 +33,9 @@ from domain.saga import (
     SagaAbortRequested,
     SagaCompleted,
     SagaEvent,
+    SagaLeaseExpired,
+    SagaLeaseExtended,
+    SagaLeaseRenewed,
     SagaStarted,
     SagaStuck,
     StepCompleted,
@@ -36,11 +43,13 @@ from domain.saga import (
     StepFailed,
     StepStarted,
 )
+from domain.timestamps import format_timestamp
 
 SAGA_EVENT_TYPES = frozenset(
     {
         SAGA_STARTED, STEP_STARTED, STEP_COMPLETED, STEP_FAILED, SAGA_ABORT_REQUESTED, COMPENSATION_STARTED,
         COMPENSATION_COMPLETED, COMPENSATION_FAILED, SAGA_COMPLETED, SAGA_ABORTED, SAGA_STUCK,
+        SAGA_LEASE_RENEWED, SAGA_LEASE_EXPIRED, SAGA_LEASE_EXTENDED,
     }
 )  # fmt: skip
 
@@ -53,7 +62,10 @@ def saga_event_payload(event: SagaEvent) -> dict[str, Any]:
             "owner": event.owner,
             "policy": event.policy,
             "steps": [{"name": step.name, "locks": list(step.locks)} for step in event.steps],
+            "lease_ms": event.lease_ms,
         }
+    if isinstance(event, SagaLeaseExpired):
+        return {"deadline": format_timestamp(event.deadline), "lapses": event.lapses}
     if isinstance(event, StepCompleted):
         return {"step": event.step, "result": event.result}
     if isinstance(event, StepFailed):
@@ -66,7 +78,7 @@ def saga_event_payload(event: SagaEvent) -> dict[str, Any]:
         return {"step": event.step, "reason": event.reason}
     if isinstance(event, SagaAborted):
         return {"reason": event.reason}
-    if isinstance(event, SagaCompleted):
+    if isinstance(event, SagaCompleted | SagaLeaseRenewed | SagaLeaseExtended):
         return {}
     return {"step": event.step}  # STEP_STARTED, COMPENSATION_STARTED, COMPENSATION_COMPLETED
 
@@ -75,7 +87,11 @@ def saga_event_from_payload(event_type: str, data: dict[str, Any]) -> SagaEvent:
     """Inverse of :func:`saga_event_payload`, used by rebuild."""
     if event_type == SAGA_STARTED:
         steps = tuple(StepDef(str(s["name"]), tuple(str(r) for r in s["locks"])) for s in data["steps"])
-        return SagaStarted(str(data["name"]), str(data["owner"]), data["policy"], steps)
+        lease_ms = data.get("lease_ms")  # absent from sagas started before leases
+        return SagaStarted(
+            str(data["name"]), str(data["owner"]), data["policy"], steps,
+            None if lease_ms is None else int(lease_ms),
+        )  # fmt: skip
     if event_type == STEP_STARTED:
         return StepStarted(str(data["step"]))
     if event_type == STEP_COMPLETED:
@@ -96,4 +112,10 @@ def saga_event_from_payload(event_type: str, data: dict[str, Any]) -> SagaEvent:
         return SagaAborted(data.get("reason"))
     if event_type == SAGA_STUCK:
         return SagaStuck(str(data["step"]), str(data["reason"]))
+    if event_type == SAGA_LEASE_RENEWED:
+        return SagaLeaseRenewed()
+    if event_type == SAGA_LEASE_EXTENDED:
+        return SagaLeaseExtended()
+    if event_type == SAGA_LEASE_EXPIRED:
+        return SagaLeaseExpired(datetime.fromisoformat(str(data["deadline"])), int(data["lapses"]))
     raise ValueError(f"unknown saga event type {event_type!r}")

@@ -34,8 +34,8 @@ from typing import Any
 
 import asyncpg
 
-from domain.timestamps import SQL_TIMESTAMP_FORMAT
 from eventstore.connection import Connection
+from eventstore.payloads import timestamp_text_sql
 
 # The snapshot's xmin and the largest position visible in it, in one statement (one snapshot).
 SNAPSHOT_SQL = """
@@ -52,7 +52,7 @@ SELECT position, tx_id::text::bigint AS tx, stream_id, event_type, data ->> 'own
        json_build_object(
          'position', position, 'stream', stream_id, 'version', stream_version, 'event_id', event_id,
          'type', event_type, 'data', data, 'metadata', metadata,
-         'recorded_at', to_char(recorded_at AT TIME ZONE 'UTC', '{SQL_TIMESTAMP_FORMAT}'),
+         'recorded_at', {timestamp_text_sql("recorded_at")},
          'hash', encode(hash, 'hex'))::text AS line
   FROM events
  WHERE position > $1 AND tx_id >= $2::text::xid8 AND tx_id < $3::text::xid8

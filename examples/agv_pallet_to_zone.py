@@ -1,6 +1,8 @@
 """An AGV moves a pallet into a zone as a saga, and the zone is taken: the pallet is put back.
 
-    python examples/agv_pallet_to_zone.py --url http://127.0.0.1:8000
+    .venv/bin/python examples/agv_pallet_to_zone.py --url http://127.0.0.1:8000
+
+from a checkout, with the environment `make run` made (any Python with the SDK installed will do).
 
 With authentication on, the token comes from ``LOCKLEDGER_TOKEN`` (an agent token); a dev-mode server
 (``make run``) needs none. The story: the AGV picks pallet 42 (lock ``pallet:42``, kept for the next

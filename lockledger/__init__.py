@@ -3,9 +3,10 @@
 Importing this package pulls in no server code, so an agent can use the client alone. Every duration in
 the SDK is seconds as a float (``ttl``, ``wait``, ``timeout``, ``retry_timeout``, ``retry_after``). The
 result dataclasses (``LeaseInfo``, ``LockInfo``, ``LockPage``, ``Released``, ``ForceReleased``,
-``History``, ``HistoryEvent``, and the replay API's ``ReplayState``, ``ReplayLease``, ``Changes``,
-``Change``, ``AgentHistory``, ``AgentEvent``, ``ExportedEvent``) are in ``lockledger.client``; every error
-class is in ``lockledger.errors``. The command line is ``lockledger.cli`` (the ``cli`` extra).
+``History``, and the replay API's ``ReplayState``, ``ReplayLease``, ``Changes``, ``Change``,
+``AgentHistory``) are in ``lockledger.client``, with ``Event``, the one record of a logged event that
+history, export and the feed return (also named ``HistoryEvent``, ``AgentEvent``, ``ExportedEvent``);
+every error class is in ``lockledger.errors``. The command line is ``lockledger.cli`` (the ``cli`` extra).
 """
 
 from lockledger.client import AsyncClient, Client

@@ -1,6 +1,6 @@
-"""The `lockledger` command: the investigator's commands (replay, history, export) over the HTTP API, the
-fleet simulator (simulate), and the commands other installed distributions add (the server's serve,
-migrate, tokens...).
+"""The `lockledger` command: the investigator's commands (replay, history, export) over the HTTP API, and
+the commands other installed distributions add (the server's serve, migrate, tokens...; the fleet
+simulator's simulate, ``lockledger.simulate.cli``, which the server's distribution carries).
 
 Those join through the entry point group ``lockledger.cli``: each entry is a function taking this typer
 app and adding its commands to it. So the server can bring its commands without the SDK importing
@@ -13,7 +13,6 @@ an argument refused before anything is sent), never a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import csv
 import json
@@ -29,7 +28,6 @@ from typing import Annotated, Any
 try:
     import typer
     from rich.console import Console
-    from rich.live import Live
     from rich.markup import escape
     from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -44,8 +42,8 @@ import stamina.instrumentation
 
 from lockledger.client import Client
 from lockledger.errors import LockLedgerError, Unavailable, ValidationError
+from lockledger.event import Event
 from lockledger.replay import instant
-from lockledger.simulate import Settings, Simulation, Summary
 from lockledger_breaker import CircuitOpen
 
 ENTRY_POINT_GROUP = "lockledger.cli"
@@ -105,7 +103,7 @@ def _explain(error: LockLedgerError, url: str) -> str:
 
 
 @contextlib.contextmanager
-def _reported(url: str) -> Iterator[None]:
+def reported(url: str) -> Iterator[None]:
     """The SDK's and the network's errors as one line on stderr and a non-zero exit."""
     try:
         yield
@@ -189,17 +187,17 @@ def _table(*columns: str, title: str, caption: str) -> Table:
     return table
 
 
-def _print_json(document: Any) -> None:
+def print_json(document: Any) -> None:
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
 
 
-def _print_csv(header: list[str], rows: list[list[Any]]) -> None:
+def print_csv(header: list[str], rows: list[list[Any]]) -> None:
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(header)
     writer.writerows(rows)
 
 
-def _print_table(table: Table) -> None:
+def print_table(table: Table) -> None:
     Console(soft_wrap=False).print(table)
 
 
@@ -223,7 +221,7 @@ def replay(
     """Every lease that was live at an instant, by resource: who held what, with which fencing token."""
     when = _instant("--at", at)
     assert when is not None
-    with _reported(url), _client(url, token) as client:
+    with reported(url), _client(url, token) as client:
         state = client.replay_state(when, prefix=prefix, owner=owner)
     if output is Format.JSON:
         locks = [
@@ -231,14 +229,14 @@ def replay(
              "acquired_at": _wire(lease.acquired_at), "expires_at": _wire(lease.expires_at)}
             for lease in state.locks
         ]  # fmt: skip
-        _print_json({"at": _wire(state.at), "position": state.position, "locks": locks})
+        print_json({"at": _wire(state.at), "position": state.position, "locks": locks})
     elif output is Format.CSV:
         rows = [
             [lease.resource, lease.owner, lease.fencing_token, _wire(lease.acquired_at),
              _wire(lease.expires_at)]
             for lease in state.locks
         ]  # fmt: skip
-        _print_csv(["resource", "owner", "fencing_token", "acquired_at", "expires_at"], rows)
+        print_csv(["resource", "owner", "fencing_token", "acquired_at", "expires_at"], rows)
     else:
         table = _table(
             "resource", "owner", "token", "acquired", "expires",
@@ -250,13 +248,19 @@ def replay(
                 escape(lease.resource), escape(lease.owner), str(lease.fencing_token),
                 _shown(lease.acquired_at), _shown(lease.expires_at),
             )  # fmt: skip
-        _print_table(table)
+        print_table(table)
 
 
 # --- history -------------------------------------------------------------------------------------------
 
 _HISTORY_FIELDS = ["position", "resource", "version", "event_id", "type", "owner", "fencing_token",
                    "recorded_at", "data", "metadata"]  # fmt: skip
+
+
+def _row(event: Event) -> dict[str, Any]:
+    """The fields a history row shows of an event."""
+    names = ("position", "resource", "version", "event_id", "type", "data", "metadata", "recorded_at")
+    return {name: getattr(event, name) for name in names}
 
 
 def _history_rows(
@@ -268,7 +272,7 @@ def _history_rows(
         version = 0
         while True:
             page = client.history(resource, version, _PAGE, from_=start, to=end)
-            rows += [{**vars(e), "resource": page.resource} for e in page.events]
+            rows += [_row(e) for e in page.events]
             if page.next_after_version is None or not page.events:
                 return rows
             version = page.next_after_version
@@ -276,7 +280,7 @@ def _history_rows(
     position = 0
     while True:
         agent_page = client.agent_history(agent, from_=start, to=end, after_position=position, limit=_PAGE)
-        rows += [vars(e) for e in agent_page.events]
+        rows += [_row(e) for e in agent_page.events]
         if agent_page.next_after_position is None or not agent_page.events:
             return rows
         position = agent_page.next_after_position
@@ -318,12 +322,12 @@ def history(
     if (resource is None) == (agent is None):
         raise _fail("name a RESOURCE or an --agent OWNER (one of them)", 2)
     start, end = _instant("--from", from_), _instant("--to", to)
-    with _reported(url), _client(url, token) as client:
+    with reported(url), _client(url, token) as client:
         rows = _history_rows(client, resource, agent, start, end)
     if output is Format.JSON:
         key, subject = ("resource", resource) if resource is not None else ("owner", agent)
         events = [{**row, "recorded_at": _wire(row["recorded_at"])} for row in rows]
-        _print_json({key: subject, "events": events})
+        print_json({key: subject, "events": events})
         return
     if output is Format.CSV:
         lines = [
@@ -332,7 +336,7 @@ def history(
              json.dumps(row["data"]), json.dumps(row["metadata"])]
             for row in rows
         ]  # fmt: skip
-        _print_csv(_HISTORY_FIELDS, lines)
+        print_csv(_HISTORY_FIELDS, lines)
         return
     subject = f"resource {resource}" if resource is not None else f"agent {agent}"
     span = "".join(
@@ -354,7 +358,7 @@ def history(
             cells = [str(row["position"]), escape(row["resource"])]
         event = _event(row["type"], data, row["recorded_at"])
         table.add_row(*cells, event, str(data.get("fencing_token", "")), _shown(row["recorded_at"]))
-    _print_table(table)
+    print_table(table)
 
 
 # --- export --------------------------------------------------------------------------------------------
@@ -396,13 +400,14 @@ def export(
     out = sys.stdout
     written, last, began = 0, after_position, time.monotonic()
     try:
-        with _reported(url), _client(url, token) as client, progress:
+        with reported(url), _client(url, token) as client, progress:
             task = progress.add_task("export", total=None)
             events = client.export(
                 from_=start, to=end, after_position=after_position, type=event_type, owner=owner,
                 prefix=prefix,
             )  # fmt: skip
             for event in events:
+                assert event.line is not None  # the export sends every event as a line
                 out.write(event.line + "\n")
                 written, last = written + 1, event.position
                 if written % 100 == 0:
@@ -426,112 +431,6 @@ def export(
         + f" in {elapsed:.1f} s, {written / elapsed:,.0f} events/s",
         highlight=False,
     )  # fmt: skip
-
-
-# --- simulate ------------------------------------------------------------------------------------------
-
-_SIMULATION_ROWS = [
-    ("operations", "requests sent, retries included"),
-    ("grants", "new leases the server granted"),
-    ("grants_checked", "grants acted on, checked against the invariants"),
-    ("lock_held", "conflicts: acquires answered lock_held"),
-    ("waits_timed_out", "conflicts: waits for a lock that timed out"),
-    ("leases_lost", "leases found lost while acting under them"),
-    ("crashes", "agents crashed mid-work, their leases left to the reaper"),
-    ("dropped_responses", "answers lost after the server processed the command"),
-    ("replayed_responses", "retries answered with the stored answer (Idempotent-Replayed)"),
-    ("sagas_started", "pallet-to-zone sagas started"),
-    ("sagas_completed", "... completed"),
-    ("sagas_compensated", "... aborted after the pallet was put back"),
-    ("sagas_failed", "... aborted with nothing to undo, or cut by an error"),
-    ("sagas_recovered", "... left by a crash, finished by the agent's next life"),
-    ("pallets_put_back", "compensations run (the pick undone)"),
-    ("parked", "times an AGV parked in a zone, holding it"),
-    ("errors", "units of work cut by an unexpected refusal or an unreachable server"),
-    ("violations", "invariant violations: must be 0"),
-]
-
-
-def _simulation_line(summary: Summary) -> str:
-    conflicts = summary["lock_held"] + summary["waits_timed_out"]
-    return (
-        f"{summary['elapsed_s']:6.1f} s  {summary['operations']:,} operations  {summary['grants']:,} grants"
-        f"  {conflicts:,} conflicts  {summary['crashes']:,} crashes  {summary['violations']:,} violations"
-    )
-
-
-def _print_simulation(summary: Summary) -> None:
-    held = summary["violations"] == 0
-    table = Table(
-        title=f"{summary['agents']} AGVs, {summary['pallets']} pallets, {summary['zones']} zones,"
-        f" {summary['elapsed_s']:.1f} s (seed {summary['seed']})",
-        caption="every invariant held" if held else "INVARIANTS VIOLATED",
-    )
-    for column in ("measure", "count", "what"):
-        table.add_column(column, justify="right" if column == "count" else "left")
-    for key, what in _SIMULATION_ROWS:
-        style = "" if key != "violations" else "bold green" if held else "bold red"
-        table.add_row(key, f"{summary[key]:,}", what, style=style)
-    _print_table(table)
-
-
-@app.command()
-def simulate(
-    agents: Annotated[int, typer.Option("--agents", min=1, max=1000, help="Simulated AGVs.")] = 8,
-    duration: Annotated[
-        float, typer.Option("--duration", min=0.1, help="Seconds to run; then work at hand is finished.")
-    ] = 30.0,
-    pallets: Annotated[
-        int | None, typer.Option(min=1, show_default=False, help="Pallets (default: agents / 2).")
-    ] = None,
-    zones: Annotated[
-        int | None, typer.Option(min=1, show_default=False, help="Zones (default: agents / 3).")
-    ] = None,
-    prefix: Annotated[str, typer.Option(help="Resources and agents are named with it.")] = "sim:",
-    seed: Annotated[int | None, typer.Option(show_default=False, help="Fixes every random choice.")] = None,
-    ttl: Annotated[float, typer.Option(min=1.0, help="Lease length, seconds.")] = 2.0,
-    crash_probability: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="Chance that a unit of work ends in a crash.")
-    ] = 0.05,
-    drop_probability: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="Chance that a command's answer is lost.")
-    ] = 0.02,
-    output: FormatOption = Format.TABLE,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
-    """Drive simulated AGVs against a running server through the SDK: pallet-to-zone sagas with
-    contention, crashes and lost answers, checking the lock invariants as they go. Exit 1 on a violation.
-
-    Best against a dev-mode server, where each AGV is its own owner, or with an admin token (then every
-    lease is the token's, shared by all AGVs). Ctrl-C stops early (twice: at once) and still summarizes.
-    """
-    settings = Settings(
-        agents=agents, duration=duration, pallets=pallets, zones=zones, prefix=prefix, seed=seed, ttl=ttl,
-        crash_probability=crash_probability, drop_probability=drop_probability,
-    )  # fmt: skip
-    stamina.instrumentation.set_on_retry_hooks([])  # the simulation retries on purpose, and counts them
-    live = Live(console=stderr, transient=True) if stderr.is_terminal else None
-
-    def progress(summary: Summary) -> None:
-        if live is not None:
-            live.update(Text(_simulation_line(summary)))
-        else:
-            stderr.print(_simulation_line(summary), highlight=False)
-
-    with _reported(url), live or contextlib.nullcontext():
-        simulation = Simulation(settings, url, token or None)
-        summary = asyncio.run(simulation.run(progress, every=1.0 if live else 5.0, interruptible=True))
-    if output is Format.JSON:
-        _print_json(summary)
-    elif output is Format.CSV:
-        _print_csv(["measure", "count"], [[key, summary[key]] for key, _ in _SIMULATION_ROWS])
-    else:
-        _print_simulation(summary)
-    for example in summary["violation_examples"]:
-        typer.echo(f"lockledger: violation: {example}", err=True)
-    if summary["violations"]:
-        raise typer.Exit(1)
 
 
 # --- one `lockledger` command for every installed part -------------------------------------------------

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterable, AsyncIterator
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from dataclasses import dataclass, replace
 
-from lockledger.replay import ExportedEvent
+from lockledger.event import Event
 
-__all__ = ["FeedEvent", "FeedOverflow", "SseMessage", "parse_sse"]
+__all__ = ["FeedEvent", "FeedOverflow", "SseMessage", "SseParser", "feed_event", "parse_sse"]
+
+FeedEvent = Event  # the feed yields the log's one event record; the name stays for existing imports
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,53 +26,52 @@ class SseMessage:
     id: str | None  # None: the message carried no id
 
 
-async def parse_sse(lines: AsyncIterable[str]) -> AsyncIterator[SseMessage]:
-    """The messages of an event stream, given its lines (without their line ends, as
-    ``httpx.Response.aiter_lines`` yields them). A message cut off before its blank line is dropped."""
-    event, last_id, has_id = "", None, False
-    data: list[str] = []
-    async for line in lines:
+class SseParser:
+    """Sans-I/O: give it an event stream's lines one by one (without their line ends, as httpx's
+    ``iter_lines``/``aiter_lines`` yield them); a blank line completes a message, which ``feed`` returns.
+    A message cut off before its blank line is never returned."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+        self._last_id: str | None = None
+        self._has_id = False
+
+    def feed(self, line: str) -> SseMessage | None:
         if line == "":
-            if data:
-                yield SseMessage(event or "message", "\n".join(data), last_id if has_id else None)
-            event, data, has_id = "", [], False  # the id is kept: it is the last event id
-            continue
+            message = None
+            if self._data:
+                message = SseMessage(
+                    self._event or "message", "\n".join(self._data), self._last_id if self._has_id else None
+                )
+            self._event, self._data, self._has_id = "", [], False  # the id is kept: it is the last event id
+            return message
         if line.startswith(":"):
-            continue  # a comment: the keep-alive
+            return None  # a comment: the keep-alive
         name, _, value = line.partition(":")
         value = value.removeprefix(" ")
         if name == "event":
-            event = value
+            self._event = value
         elif name == "data":
-            data.append(value)
+            self._data.append(value)
         elif name == "id" and "\0" not in value:
-            last_id, has_id = value, True
+            self._last_id, self._has_id = value, True
+        return None
 
 
-@dataclass(frozen=True, slots=True)
-class FeedEvent:
-    """One event of the change feed: the export line's fields, and ``id``, the feed position to resume
-    from (``Last-Event-ID``; ``<position>.<lo>.<hi>``)."""
+async def parse_sse(lines: AsyncIterable[str]) -> AsyncIterator[SseMessage]:
+    """The messages of an event stream, given its lines."""
+    parser = SseParser()
+    async for line in lines:
+        message = parser.feed(line)
+        if message is not None:
+            yield message
 
-    id: str
-    position: int
-    stream: str
-    version: int
-    type: str
-    data: dict[str, Any]
-    metadata: dict[str, Any]
-    recorded_at: datetime
-    hash: str
-    line: str  # the ``data:`` JSON exactly as sent
 
-    @classmethod
-    def from_message(cls, message: SseMessage) -> FeedEvent:
-        exported = ExportedEvent.from_line(message.data)
-        return cls(
-            message.id or str(exported.position), exported.position, exported.stream, exported.version,
-            exported.type, exported.data, exported.metadata, exported.recorded_at, exported.hash,
-            message.data,
-        )  # fmt: skip
+def feed_event(message: SseMessage) -> Event:
+    """The event a feed message carries: its data is one export line; its id is where to resume."""
+    event = Event.from_line(message.data)
+    return replace(event, id=message.id or str(event.position))
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,14 +28,43 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import Protocol, Self
 
 from lockledger.errors import LeaseExpired, LockHeld, LockLost, NotHolder
+from lockledger.records import LeaseInfo
 
-if TYPE_CHECKING:
-    from lockledger.client import AsyncClient, Client, LeaseInfo
+__all__ = ["AsyncLease", "AsyncLeaseCommands", "Lease", "LeaseCommands"]
 
-__all__ = ["AsyncLease", "Lease"]
+
+class AsyncLeaseCommands(Protocol):
+    """What an ``AsyncLease`` sends its commands through: an ``AsyncClient``, or a saga's stand-in."""
+
+    async def acquire(
+        self, resource: str, owner: str | None = None, ttl: float | None = None, wait: float = 0.0
+    ) -> LeaseInfo: ...
+
+    async def renew(
+        self, resource: str, owner: str | None, fencing_token: int, ttl: float | None = None
+    ) -> LeaseInfo: ...
+
+    async def release(self, resource: str, owner: str | None, fencing_token: int) -> object: ...
+
+
+class LeaseCommands(Protocol):
+    """What a ``Lease`` sends its commands through: a ``Client``."""
+
+    retry_timeout: float
+
+    def acquire(
+        self, resource: str, owner: str | None = None, ttl: float | None = None, wait: float = 0.0
+    ) -> LeaseInfo: ...
+
+    def renew(
+        self, resource: str, owner: str | None, fencing_token: int, ttl: float | None = None
+    ) -> LeaseInfo: ...
+
+    def release(self, resource: str, owner: str | None, fencing_token: int) -> object: ...
+
 
 log = logging.getLogger("lockledger.lease")
 
@@ -134,7 +163,7 @@ class AsyncLease(_LeaseState):
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncLeaseCommands,
         resource: str,
         owner: str | None,
         ttl: float,
@@ -232,7 +261,7 @@ class Lease(_LeaseState):
 
     def __init__(
         self,
-        client: Client,
+        client: LeaseCommands,
         resource: str,
         owner: str | None,
         ttl: float,

@@ -9,19 +9,20 @@ investigator sits. Importing this module pulls in no server code.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from lockledger.errors import ValidationError, parse_datetime
+from lockledger.errors import ValidationError
+from lockledger.event import Event, required_datetime
 
 __all__ = [
     "AgentEvent",
     "AgentHistory",
     "Change",
     "Changes",
+    "Event",
     "ExportedEvent",
     "ReplayLease",
     "ReplayState",
@@ -32,31 +33,39 @@ def _refused(detail: str) -> ValidationError:
     return ValidationError(0, {"code": "validation_error", "detail": detail})
 
 
-def _dt(value: Any) -> datetime:
-    parsed = parse_datetime(value)
-    if parsed is None:
-        raise ValueError("missing datetime")
-    return parsed
-
-
 def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
 # RFC 3339's date-time: a full date, a full time and an offset (``Z`` or ``±hh:mm``); "T" or a space.
-_RFC3339_RE = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+_RFC3339_RE = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.(?P<fraction>\d+))?(?:[Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+_MICROSECOND_DIGITS = 6
 
 
 def instant(name: str, value: datetime | str) -> str:
-    """``value`` as the server's timestamp text; ``ValidationError`` (a ``ValueError``) for a naive
-    datetime or a string that is not an RFC 3339 date-time with an offset."""
+    """``value`` as the server's timestamp text; ``ValidationError`` (a ``ValueError``) for what the
+    server would refuse with 422: a naive datetime, a string that is not an RFC 3339 date-time with an
+    offset, more than six fractional digits that are not zeros (``.1234567`` would be cut to
+    microseconds), or an instant outside years 1 to 9999 in UTC (``0001-01-01T00:00:00+14:00``)."""
     if isinstance(value, str):
         text = value.strip()
-        if not _RFC3339_RE.fullmatch(text):
+        match = _RFC3339_RE.fullmatch(text)
+        if match is None:
             raise _refused(
                 f"{name} must be an RFC 3339 date-time with an offset, e.g. 2026-05-05T09:30:00Z"
                 f" or 2026-05-05T11:30:00+02:00, not {value!r:.60}"
             )
+        fraction = match["fraction"] or ""
+        if fraction[_MICROSECOND_DIGITS:].strip("0"):
+            raise _refused(
+                f"{name} has {len(fraction)} fractional digits; an instant has at most"
+                f" {_MICROSECOND_DIGITS} (microseconds): {value!r:.60}"
+            )
+        if len(fraction) > _MICROSECOND_DIGITS:
+            start, end = match.span("fraction")
+            text = text[: start + _MICROSECOND_DIGITS] + text[end:]
         try:
             parsed = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
         except ValueError as exc:
@@ -67,7 +76,11 @@ def instant(name: str, value: datetime | str) -> str:
         raise _refused(f"{name} must be a datetime or an RFC 3339 string, not {type(value).__name__}")
     if parsed.utcoffset() is None:
         raise _refused(f"{name} is a naive datetime; give it a time zone (e.g. tzinfo=datetime.UTC)")
-    return parsed.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    try:
+        utc = parsed.astimezone(UTC)
+    except OverflowError:
+        raise _refused(f"{name} is outside years 1 to 9999 in UTC: {value!s:.60}") from None
+    return utc.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def time_range(from_: datetime | str | None, to: datetime | str | None) -> dict[str, str]:
@@ -100,8 +113,8 @@ class ReplayLease:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ReplayLease:
         return cls(
-            d["resource"], d["owner"], int(d["fencing_token"]), _dt(d["acquired_at"]), _dt(d["expires_at"]),
-            d.get("saga_id"), d.get("saga_step"),
+            d["resource"], d["owner"], int(d["fencing_token"]), required_datetime(d["acquired_at"]),
+            required_datetime(d["expires_at"]), d.get("saga_id"), d.get("saga_step"),
         )  # fmt: skip
 
 
@@ -113,6 +126,11 @@ class ReplayState:
     at: datetime
     position: int
     locks: list[ReplayLease]
+
+    @classmethod
+    def from_json(cls, first_page: dict[str, Any], locks: list[ReplayLease]) -> ReplayState:
+        """The state whose first page was ``first_page``, with the leases of every page."""
+        return cls(required_datetime(first_page["at"]), int(first_page["position"]), locks)
 
 
 @dataclass(frozen=True)
@@ -133,8 +151,9 @@ class Change:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Change:
         return cls(
-            _dt(d["at"]), d["type"], d["resource"], d.get("owner"), _int_or_none(d.get("fencing_token")),
-            _int_or_none(d.get("position")), _int_or_none(d.get("version")), d.get("data") or {},
+            required_datetime(d["at"]), d["type"], d["resource"], d.get("owner"),
+            _int_or_none(d.get("fencing_token")), _int_or_none(d.get("position")),
+            _int_or_none(d.get("version")), d.get("data") or {},
         )  # fmt: skip
 
 
@@ -147,58 +166,25 @@ class Changes:
     to: datetime
     changes: list[Change]
 
-
-@dataclass(frozen=True)
-class AgentEvent:
-    """One event of an agent's history (any resource), in log order."""
-
-    position: int
-    resource: str
-    version: int
-    event_id: str
-    type: str
-    data: dict[str, Any]
-    metadata: dict[str, Any]
-    recorded_at: datetime
-
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> AgentEvent:
-        return cls(
-            int(d["position"]), d["resource"], int(d["version"]), str(d["event_id"]), d["type"], d["data"],
-            d["metadata"], _dt(d["recorded_at"]),
-        )  # fmt: skip
+    def from_json(cls, first_page: dict[str, Any], changes: list[Change]) -> Changes:
+        """The range whose first page was ``first_page``, with the changes of every page."""
+        return cls(required_datetime(first_page["from"]), required_datetime(first_page["to"]), changes)
 
 
 @dataclass(frozen=True)
 class AgentHistory:
+    """One page of an agent's events across every resource; ``next_after_position`` continues it."""
+
     owner: str
-    events: list[AgentEvent]
+    events: list[Event]
     next_after_position: int | None
 
-
-@dataclass(frozen=True)
-class ExportedEvent:
-    """One line of the export; ``line`` is the line exactly as the server sent it (without its newline),
-    so an archive written from it keeps the server's bytes, hash and all."""
-
-    position: int
-    stream: str
-    version: int
-    type: str
-    data: dict[str, Any]
-    metadata: dict[str, Any]
-    recorded_at: datetime
-    hash: str
-    line: str
-
     @classmethod
-    def from_line(cls, line: str) -> ExportedEvent:
-        """``ValueError`` for a line that is not a whole event (a connection cut inside it)."""
-        try:
-            d = json.loads(line)
-            return cls(
-                int(d["position"]), d["stream"], int(d["version"]), d["type"], d["data"], d["metadata"],
-                _dt(d["recorded_at"]), str(d["hash"]), line,
-            )  # fmt: skip
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not an exported event: {line[:80]!r}") from exc
+    def from_json(cls, d: dict[str, Any]) -> AgentHistory:
+        return cls(d["owner"], [Event.from_json(e) for e in d["events"]], d["next_after_position"])
+
+
+# The log's one event record, by the names the replay API's results had for it.
+AgentEvent = Event
+ExportedEvent = Event

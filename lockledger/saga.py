@@ -13,6 +13,10 @@ step takes on that resource). An acquire whose answer was lost, or that a new or
 crash, replays the lease already granted instead of taking a second one; a replayed lease is renewed
 before it is trusted, and one that has ended meanwhile moves the step to its next attempt.
 
+While it runs a saga, the orchestrator heartbeats the saga's own lease (``lease`` seconds, default 30;
+``lockledger.saga_heartbeat``); if the heartbeats stop, the server compensates the saga or, when nobody
+finishes it, marks it ``stuck``, so no saga stays running without an orchestrator.
+
 Actions and compensations may be coroutine functions or plain functions (run in a thread, so heartbeats
 keep running; a plain function cannot be interrupted, so on a timeout the step fails once it returns).
 An action receives a ``StepContext`` and returns a JSON object (a ``dict``) or None: that is recorded as the
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect
 import json
@@ -35,12 +40,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, cast
-
-import httpx
+from typing import Any, Literal, Protocol, Self, TypeVar
 
 from lockledger.errors import (
     Forbidden,
@@ -53,13 +57,15 @@ from lockledger.errors import (
     parse_datetime,
 )
 from lockledger.lease import AsyncLease
-
-if TYPE_CHECKING:
-    from lockledger.client import AsyncClient, Client, LeaseInfo
+from lockledger.records import LeaseInfo, Reply
+from lockledger.saga_heartbeat import SagaHeartbeat
+from lockledger.wire import acquire_body, lock_path, release_body, renew_body
 
 __all__ = [
     "AsyncSaga",
+    "BlockingSagaClient",
     "Saga",
+    "SagaClient",
     "SagaDefinition",
     "SagaFailed",
     "SagaStuck",
@@ -70,6 +76,7 @@ __all__ = [
     "TimelineEvent",
     "define",
     "get_saga",
+    "list_sagas",
     "registry",
 ]
 
@@ -89,6 +96,7 @@ _MAX_KEY_LENGTH = 255
 COMPENSATION_ATTEMPTS = 5  # the server makes the saga ``stuck`` at the 5th failure of one compensation
 _BACKOFF_INITIAL_S = 0.2
 _BACKOFF_MAX_S = 5.0
+DEFAULT_LEASE_S = 30.0
 
 
 def _refused(detail: str) -> ValidationError:
@@ -232,6 +240,9 @@ class SagaView:
     started_at: datetime | None
     updated_at: datetime | None
     timeline: list[TimelineEvent] = field(default_factory=list)
+    lease_ms: int | None = None  # the saga's own lease; None for one started without
+    lease_expires_at: datetime | None = None  # its deadline by the server's clock; None once ended
+    lease_lapsed_at: datetime | None = None  # when it last lapsed with no heartbeat since
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SagaView:
@@ -240,6 +251,8 @@ class SagaView:
             [StepView.from_json(s) for s in d["steps"]], int(d["version"]),
             parse_datetime(d.get("started_at")), parse_datetime(d.get("updated_at")),
             [TimelineEvent.from_json(e) for e in d.get("timeline") or []],
+            d.get("lease_ms"), parse_datetime(d.get("lease_expires_at")),
+            parse_datetime(d.get("lease_lapsed_at")),
         )  # fmt: skip
 
     def step(self, name: str) -> StepView:
@@ -285,7 +298,7 @@ class StepContext:
         return self.leases[resource].fencing_token
 
 
-# --- HTTP: the client's connection, retries and breaker, with the saga's headers and keys ---------------
+# --- HTTP: the client's public request, with the saga's headers and keys ------------------------------------
 
 
 def _key(*parts: str) -> str:
@@ -296,8 +309,46 @@ def _key(*parts: str) -> str:
     return f"saga:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
+class SagaClient(Protocol):
+    """What sagas need of a client: its agent and its public ``request`` (``AsyncClient`` has both)."""
+
+    @property
+    def agent_id(self) -> str | None: ...
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+        wait: float = 0.0,
+    ) -> Reply: ...
+
+
+class BlockingSagaClient(Protocol):
+    """The blocking ``SagaClient`` (``Client`` is one)."""
+
+    @property
+    def agent_id(self) -> str | None: ...
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+        wait: float = 0.0,
+    ) -> Reply: ...
+
+
 async def _call(
-    client: AsyncClient,
+    client: SagaClient,
     method: str,
     path: str,
     *,
@@ -307,39 +358,26 @@ async def _call(
     headers: dict[str, str] | None = None,
     wait: float = 0.0,
 ) -> tuple[Any, bool]:
-    """``client._request`` with extra headers and a chosen key; also says whether the answer was a replay."""
-    from lockledger.client import _waiting_timeout
-
-    if method == "POST" and key is None:
-        key = str(uuid.uuid4())
-    sent = {**(headers or {}), **({"Idempotency-Key": key} if key else {})}
-    timeout = _waiting_timeout(client._http.timeout, wait)
-    try:
-        async for attempt in client._retries(wait):
-            with attempt:
-                client.breaker.acquire_permission()
-                started = time.monotonic()
-                try:
-                    response = await client._http.request(
-                        method, path, json=json, params=params, headers=sent, timeout=timeout
-                    )
-                except BaseException as exc:
-                    client._failed(exc, started, wait)
-                    raise
-                settled = client._settle(response, started, wait)
-                return settled.json(), settled.headers.get("Idempotent-Replayed") == "true"
-    except httpx.TransportError as exc:
-        raise client._unreachable(exc, method, path) from exc
-    raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+    """The client's ``request`` with the saga's headers and chosen key: the answer, and whether it was a
+    replay of a stored one."""
+    reply = await client.request(
+        method, path, json=json, params=params, headers=headers, idempotency_key=key, wait=wait
+    )
+    return reply.data, reply.replayed
 
 
-async def get_saga(client: AsyncClient, saga_id: str) -> SagaView:
+async def get_saga(client: SagaClient, saga_id: str) -> SagaView:
     """``GET /v1/sagas/{id}``: the saga with its timeline; ``NotFound`` if there is none."""
     data, _ = await _call(client, "GET", f"/v1/sagas/{_check_saga_id(saga_id)}")
     return SagaView.from_json(data)
 
 
-async def _list_sagas(client: AsyncClient, status: str, owner: str | None) -> list[SagaView]:
+async def list_sagas(client: SagaClient, status: str, owner: str | None = None) -> list[SagaView]:
+    """``GET /v1/sagas?status=&owner=``, every page: the sagas the caller may see in ``status``."""
+    return await _list_sagas(client, status, owner)
+
+
+async def _list_sagas(client: SagaClient, status: str, owner: str | None) -> list[SagaView]:
     found: list[SagaView] = []
     cursor: str | None = None
     while True:
@@ -363,9 +401,8 @@ class _SagaLockCalls:
     """Stands in for the client in one saga lease: the same lock commands, sent with the saga's headers
     and keys derived from (saga, step, attempt, resource) rather than random ones."""
 
-    def __init__(self, client: AsyncClient, saga_id: str, step: str, resource: str) -> None:
+    def __init__(self, client: SagaClient, saga_id: str, step: str, resource: str) -> None:
         self.client = client
-        self.retry_timeout = client.retry_timeout
         self.saga_id = saga_id
         self.step = step
         self.resource = resource
@@ -379,11 +416,9 @@ class _SagaLockCalls:
     async def acquire(
         self, resource: str, owner: str | None = None, ttl: float | None = None, wait: float = 0.0
     ) -> LeaseInfo:
-        from lockledger.client import LeaseInfo, _owner, _path, _ttl, _wait
-
-        body = {**_owner(owner), **_ttl(ttl), **_wait(wait)}
+        body = acquire_body(owner, ttl, wait)
         data, self.replayed = await _call(
-            self.client, "POST", _path(resource, "/acquire"), json=body, key=self._key("acquire"),
+            self.client, "POST", lock_path(resource, "/acquire"), json=body, key=self._key("acquire"),
             headers=self.headers, wait=wait,
         )  # fmt: skip
         return LeaseInfo.from_json(data)
@@ -391,22 +426,18 @@ class _SagaLockCalls:
     async def renew(
         self, resource: str, owner: str | None, fencing_token: int, ttl: float | None = None
     ) -> LeaseInfo:
-        from lockledger.client import LeaseInfo, _owner, _path, _ttl
-
-        body = {**_owner(owner), "fencing_token": fencing_token, **_ttl(ttl)}
+        body = renew_body(owner, fencing_token, ttl)
         key = self._key("renew", str(fencing_token), uuid.uuid4().hex[:12])  # each renewal a new request
         data, _ = await _call(
-            self.client, "POST", _path(resource, "/renew"), json=body, key=key, headers=self.headers
+            self.client, "POST", lock_path(resource, "/renew"), json=body, key=key, headers=self.headers
         )
         return LeaseInfo.from_json(data)
 
     async def release(self, resource: str, owner: str | None, fencing_token: int) -> Any:
-        from lockledger.client import _owner, _path
-
-        body = {**_owner(owner), "fencing_token": fencing_token}
+        body = release_body(owner, fencing_token)
         key = self._key("release", str(fencing_token))
         data, _ = await _call(
-            self.client, "POST", _path(resource, "/release"), json=body, key=key, headers=self.headers
+            self.client, "POST", lock_path(resource, "/release"), json=body, key=key, headers=self.headers
         )
         return data
 
@@ -419,10 +450,10 @@ class _SagaLease(AsyncLease):
     """
 
     def __init__(
-        self, client: AsyncClient, saga_id: str, step: Step, resource: str, owner: str | None, wait: float
+        self, client: SagaClient, saga_id: str, step: Step, resource: str, owner: str | None, wait: float
     ) -> None:
         self.calls = _SagaLockCalls(client, saga_id, step.name, resource)
-        super().__init__(cast("AsyncClient", self.calls), resource, owner, step.ttl, wait, None, 0.1)
+        super().__init__(self.calls, resource, owner, step.ttl, wait, None, 0.1)
         self.step = step.name
 
     async def _acquire(self) -> None:
@@ -486,17 +517,23 @@ def _reason(error: BaseException) -> str:
 class AsyncSaga:
     """``async with client.saga(saga_id, definition, params=...) as saga:``, then ``await saga.step(name)``
     for each step in order. Leaving the block normally completes the saga; a failed step (or an exception
-    in the block) compensates the completed steps in reverse and raises ``SagaFailed``."""
+    in the block) compensates the completed steps in reverse and raises ``SagaFailed``. Inside the block
+    (and while ``recover`` runs) the saga's ``lease`` (seconds) is heartbeated every third of it."""
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: SagaClient,
         saga_id: str | None,
         definition: SagaDefinition | str | None,
         params: Mapping[str, Any] | None = None,
         owner: str | None = None,
+        lease: float = DEFAULT_LEASE_S,
     ) -> None:
+        if not lease > 0:
+            raise _refused(f"lease is seconds > 0, not {lease!r}")
         self.client = client
+        self.lease = lease
+        self._heartbeat: SagaHeartbeat | None = None
         self.saga_id = _check_saga_id(saga_id) if saga_id is not None else None
         self.definition = _definition(definition)
         self.params = dict(params or {})
@@ -507,6 +544,16 @@ class AsyncSaga:
         self._released: set[tuple[str, str]] = set()  # (step, resource) given back by this orchestrator
         self._compensations: dict[str, Compensation | None] = {}
         self._failed = False
+
+    @classmethod
+    async def recover_all(
+        cls,
+        client: SagaClient,
+        definitions: Iterable[SagaDefinition] | Mapping[str, SagaDefinition] | None = None,
+        owner: str | None = None,
+    ) -> list[SagaView]:
+        """Every unfinished saga of ``owner`` finished (``recover_sagas``; ``AsyncClient.recover_sagas``)."""
+        return await recover_sagas(client, definitions, owner)
 
     @property
     def id(self) -> str:
@@ -524,6 +571,7 @@ class AsyncSaga:
             "name": self.definition.name,
             "steps": self.definition.resolve(self.params),
             "policy": self.definition.policy,
+            "lease_ms": round(self.lease * 1000),
             **({"saga_id": self.saga_id} if self.saga_id is not None else {}),
             **({"owner": self.owner} if self.owner is not None else {}),
         }
@@ -539,7 +587,21 @@ class AsyncSaga:
                 409, {"code": "saga_conflict", "detail": f"saga {view.saga_id} is {view.status}"}
             )
         self.results = {s.name: s.result for s in view.steps if s.status == "completed"}
+        self._beat_while_running(view)
         return self
+
+    def _beat_while_running(self, view: SagaView) -> None:
+        """Heartbeat the saga's lease (as the server knows it) until ``_stop_beating``."""
+        lease = view.lease_ms / 1000 if view.lease_ms else self.lease
+        self._heartbeat = SagaHeartbeat(view.saga_id, lease, self._send_heartbeat)
+        self._heartbeat.start()
+
+    async def _send_heartbeat(self) -> None:
+        await _call(self.client, "POST", f"/v1/sagas/{self.id}/heartbeat", json={})
+
+    async def _stop_beating(self) -> None:
+        if self._heartbeat is not None:
+            await self._heartbeat.stop()
 
     def _spec(
         self,
@@ -638,11 +700,22 @@ class AsyncSaga:
         self._failed = True
         try:
             await self._release(lambda lease: lease.step == step)
-            await self._post(f"/steps/{step}/fail", {"reason": _reason(error)})
+            try:
+                await self._post(f"/steps/{step}/fail", {"reason": _reason(error)})
+            except LockLedgerError as refused:
+                if not await self._lapsed_into_compensation(refused):
+                    raise
             await self.compensate()
         finally:
             await self._release()
             await self._release_leftovers([step])
+
+    async def _lapsed_into_compensation(self, refused: LockLedgerError) -> bool:
+        """Whether a refused transition found the saga compensating because the server lapsed its lease
+        (this orchestrator was cut off longer than the lease): then it compensates, as it is still here."""
+        if refused.code != "saga_conflict":
+            return False
+        return (await self.refresh()).status == "compensating"
 
     async def abort(self, reason: str) -> None:
         """Ask the server to abort (a running saga starts compensating), then compensate and release."""
@@ -709,13 +782,20 @@ class AsyncSaga:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        try:
+            await self._finish(exc)
+        finally:
+            await self._stop_beating()
+
+    async def _finish(self, exc: BaseException | None) -> None:
         if self._failed:  # a step failed: compensated and released already
             await self._release()
             return
         if exc is None:
             await self.complete()
             return
-        # An exception in the block between steps: undo what was done, and let it propagate.
+        # An exception in the block between steps (or a saga the server lapsed, its step refused): undo
+        # what was done, and let it propagate.
         try:
             await self.abort(_reason(exc))
         except Exception:
@@ -727,6 +807,7 @@ class AsyncSaga:
         """Finish an unfinished saga from its log alone: forward or compensated, as its policy says."""
         self.view = view
         self.saga_id = view.saga_id
+        self._beat_while_running(view)
         try:
             if view.status == "running" and all(s.status == "completed" for s in view.steps):
                 return await self.complete()  # nothing left to run or to undo: only the record was lost
@@ -742,6 +823,7 @@ class AsyncSaga:
                 await self.compensate()
             return await self.refresh()
         finally:
+            await self._stop_beating()
             await self._release()
             await self._release_leftovers()
 
@@ -774,8 +856,6 @@ class AsyncSaga:
             await self._release_by_keys(steps)
 
     async def _release_listed(self, owner: str) -> None:
-        from lockledger.client import _path
-
         cursor: str | None = None
         while True:
             query = {"holder": owner, "cursor": cursor, "limit": 1000}
@@ -790,7 +870,7 @@ class AsyncSaga:
                 headers = {"X-Saga-ID": self.id, "X-Saga-Step": step}
                 key = _key(self.id, step, "recovered", "release", resource, str(token))
                 with contextlib.suppress(NotHolder, LeaseExpired):
-                    await _call(self.client, "POST", _path(resource, "/release"), json=body, key=key,
+                    await _call(self.client, "POST", lock_path(resource, "/release"), json=body, key=key,
                                 headers=headers)  # fmt: skip
             cursor = data.get("next_cursor")
             if cursor is None:
@@ -818,7 +898,7 @@ class AsyncSaga:
 
 
 async def recover_sagas(
-    client: AsyncClient,
+    client: SagaClient,
     definitions: Iterable[SagaDefinition] | Mapping[str, SagaDefinition] | None = None,
     owner: str | None = None,
 ) -> list[SagaView]:
@@ -850,12 +930,10 @@ async def recover_sagas(
     return finished
 
 
-async def _release_ended(client: AsyncClient, owner: str | None) -> None:
+async def _release_ended(client: SagaClient, owner: str | None) -> None:
     """Release ``owner``'s leases still tagged with a saga that has ended: a release lost as the saga
     completed or aborted (the saga itself needs no recovery, so nothing else would free the lock before
     its TTL). With an agent's token, which may not list locks, there is nothing to find this way."""
-    from lockledger.client import _path
-
     if owner is None:
         return
     ended: dict[str, bool] = {}
@@ -882,7 +960,7 @@ async def _release_ended(client: AsyncClient, owner: str | None) -> None:
             key = _key(saga_id, step, "ended", "release", resource, str(token))
             headers = {"X-Saga-ID": saga_id, "X-Saga-Step": step}
             with contextlib.suppress(NotHolder, LeaseExpired):
-                await _call(client, "POST", _path(resource, "/release"), key=key, headers=headers,
+                await _call(client, "POST", lock_path(resource, "/release"), key=key, headers=headers,
                             json={"owner": owner, "fencing_token": token})  # fmt: skip
         cursor = data.get("next_cursor")
         if cursor is None:
@@ -894,10 +972,12 @@ async def _release_ended(client: AsyncClient, owner: str | None) -> None:
 
 class _LoopThread:
     """An event loop in a daemon thread, for the blocking twin: it runs the asyncio saga and its
-    heartbeats while the caller's thread runs the steps' plain functions."""
+    heartbeats; the blocking client's requests and the steps' plain functions run in its worker threads
+    (enough of them that a waiting acquire never holds up a heartbeat or a renewal)."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(ThreadPoolExecutor(_WORKER_THREADS, "lockledger-saga-worker"))
         self.thread = threading.Thread(target=self.loop.run_forever, name="lockledger-saga", daemon=True)
         self.thread.start()
 
@@ -910,39 +990,67 @@ class _LoopThread:
         self.loop.close()
 
 
-def _async_twin(client: Client) -> AsyncClient:
-    """An ``AsyncClient`` with the blocking client's address, identity, retries and breaker."""
-    from lockledger.client import AsyncClient
+_WORKER_THREADS = 32
 
-    http = client._http
-    headers = dict(http.headers)
-    auth = headers.pop("authorization", None)
-    token = auth.partition(" ")[2] if auth else None
-    return AsyncClient(
-        str(http.base_url).rstrip("/"), timeout=http.timeout.read or 5.0,
-        retry_attempts=client.retry_attempts, retry_timeout=client.retry_timeout, breaker=client.breaker,
-        headers=headers, agent_id=client.agent_id, token=token,
-    )  # fmt: skip
+
+class _InThreads:
+    """A blocking client as a ``SagaClient``: each request runs in a worker thread of the saga's event
+    loop, through the client's own connection pool, transport, retries and breaker."""
+
+    def __init__(self, client: BlockingSagaClient) -> None:
+        self._client = client
+
+    @property
+    def agent_id(self) -> str | None:
+        return self._client.agent_id
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+        wait: float = 0.0,
+    ) -> Reply:
+        return await asyncio.to_thread(
+            functools.partial(
+                self._client.request, method, path, json=json, params=params, headers=headers,
+                idempotency_key=idempotency_key, wait=wait,
+            )
+        )  # fmt: skip
 
 
 class Saga:
     """The blocking twin: ``with client.saga(...) as saga: saga.step("pick")``. The saga, its locks and
-    their heartbeats live on an event loop in a background thread; plain functions run in worker threads.
-    The client's custom ``transport``, if any, is not used."""
+    their heartbeats live on an event loop in a background thread; the client's requests and the plain
+    functions of the steps run in that loop's worker threads."""
 
     def __init__(
         self,
-        client: Client,
+        client: BlockingSagaClient,
         saga_id: str | None,
         definition: SagaDefinition | str | None,
         params: Mapping[str, Any] | None = None,
         owner: str | None = None,
+        lease: float = DEFAULT_LEASE_S,
     ) -> None:
-        self._client = client
-        self._args = (saga_id, definition, params, owner)
+        self._client = _InThreads(client)
+        self._args = (saga_id, definition, params, owner, lease)
         self._loop: _LoopThread | None = None
-        self._async_client: AsyncClient | None = None
         self._saga: AsyncSaga | None = None
+
+    @classmethod
+    def recover_all(
+        cls,
+        client: BlockingSagaClient,
+        definitions: Iterable[SagaDefinition] | Mapping[str, SagaDefinition] | None = None,
+        owner: str | None = None,
+    ) -> list[SagaView]:
+        """``AsyncSaga.recover_all`` for the blocking client (``Client.recover_sagas``)."""
+        return recover_sagas_sync(client, definitions, owner)
 
     @property
     def inner(self) -> AsyncSaga:
@@ -959,9 +1067,8 @@ class Saga:
 
     def __enter__(self) -> Self:
         self._loop = _LoopThread()
-        self._async_client = _async_twin(self._client)
-        saga_id, definition, params, owner = self._args
-        self._saga = AsyncSaga(self._async_client, saga_id, definition, params, owner)
+        saga_id, definition, params, owner, lease = self._args
+        self._saga = AsyncSaga(self._client, saga_id, definition, params, owner, lease)
         try:
             self._loop.run(self._saga.__aenter__())
         except BaseException:
@@ -1003,32 +1110,18 @@ class Saga:
 
     def _close(self) -> None:
         if self._loop is not None:
-            if self._async_client is not None:
-                self._loop.run(self._async_client.aclose())
             self._loop.close()
             self._loop = None
 
 
 def recover_sagas_sync(
-    client: Client,
+    client: BlockingSagaClient,
     definitions: Iterable[SagaDefinition] | Mapping[str, SagaDefinition] | None = None,
     owner: str | None = None,
 ) -> list[SagaView]:
     """``recover_sagas`` for the blocking client."""
     loop = _LoopThread()
-    twin = _async_twin(client)
     try:
-        return loop.run(_recover_then_close(twin, definitions, owner))
+        return loop.run(recover_sagas(_InThreads(client), definitions, owner))
     finally:
         loop.close()
-
-
-async def _recover_then_close(
-    client: AsyncClient,
-    definitions: Iterable[SagaDefinition] | Mapping[str, SagaDefinition] | None,
-    owner: str | None,
-) -> list[SagaView]:
-    try:
-        return await recover_sagas(client, definitions, owner)
-    finally:
-        await client.aclose()

@@ -1,8 +1,9 @@
-"""A small circuit breaker with Resilience4j's semantics, for the asyncio and the threaded SDK clients.
+"""A small circuit breaker with Resilience4j's semantics, for the SDK's clients (asyncio and threads) and
+the server's database guard (``service/database_guard.py``).
 
-Why hand-written: the SDK needs a failure rate over a count- *or* time-based sliding window with a
-minimum number of calls, a slow-call rate, a limited number of half-open probe calls, forced-open and
-disabled states, and it must work from asyncio and from threads. No Python breaker library offers all of
+Why hand-written: they need a failure rate over a count- *or* time-based sliding window with a
+minimum number of calls, a slow-call rate and a limited number of half-open probe calls, and it must work
+from asyncio and from threads. No Python breaker library offers all of
 that: pybreaker and circuitbreaker count consecutive failures (no window, no slow calls), aiobreaker is
 pybreaker for asyncio, purgatory has no slow-call rate and no half-open probe limit. This module is the
 few hundred lines that fill that gap, with no I/O and only the standard library.
@@ -11,23 +12,23 @@ States: CLOSED -> OPEN when, with at least ``minimum_number_of_calls`` in the wi
 the slow-call rate reaches its threshold; OPEN -> HALF_OPEN once ``wait_duration_in_open`` has elapsed
 (checked when a call asks for permission); HALF_OPEN permits ``permitted_calls_in_half_open`` probes and,
 once they have all completed, goes back to OPEN (rates at or above a threshold) or to CLOSED (window
-cleared). FORCED_OPEN rejects everything, DISABLED permits everything and records nothing; both last until
-``reset()`` or ``transition_to_closed()``.
+cleared). ``reset()`` closes it with an empty window. Its users call ``acquire_permission()`` before each
+call and report the outcome with ``on_success``, ``on_error`` or ``release_permission``; ``state`` and
+``metrics`` show how it stands.
 
 Thread safety: every state change happens under one ``threading.Lock`` held for a few field updates only,
-never while a call runs or awaits; listeners are called after the lock is released.
+never while a call runs or awaits.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeAlias, TypeVar
+from typing import Literal, TypeAlias
 
 __all__ = [
     "BreakerConfig",
@@ -35,18 +36,13 @@ __all__ = [
     "CircuitBreaker",
     "CircuitOpen",
     "State",
-    "StateChange",
 ]
-
-T = TypeVar("T")
 
 
 class State(enum.Enum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
-    FORCED_OPEN = "forced_open"
-    DISABLED = "disabled"
 
 
 class CircuitOpen(Exception):
@@ -94,14 +90,6 @@ class BreakerConfig:
             raise ValueError("permitted_calls_in_half_open must be >= 1")
         if self.max_wait_in_half_open < 0.0:
             raise ValueError("max_wait_in_half_open must be >= 0")
-
-
-@dataclass(frozen=True)
-class StateChange:
-    name: str
-    from_state: State
-    to_state: State
-    at: float
 
 
 @dataclass(frozen=True)
@@ -208,7 +196,6 @@ class CircuitBreaker:
         self.name = name
         self._clock = clock
         self._lock = threading.Lock()
-        self._listeners: list[Callable[[StateChange], None]] = []
         self._state = State.CLOSED
         self._window: _Window = self._new_window()  # CLOSED's window; in OPEN, the one that tripped it
         self._window_minimum = self._minimum()
@@ -230,7 +217,7 @@ class CircuitBreaker:
             return min(self.config.minimum_number_of_calls, self.config.sliding_window_size)
         return self.config.minimum_number_of_calls
 
-    def _transition(self, to: State, now: float, events: list[StateChange]) -> None:
+    def _transition(self, to: State, now: float) -> None:
         if to is State.OPEN:
             self._opened_at = now
             if self._state is State.HALF_OPEN:  # OPEN shows the calls that opened it
@@ -243,14 +230,12 @@ class CircuitBreaker:
         elif to is State.CLOSED:
             self._window = self._new_window()
             self._window_minimum = self._minimum()
-        if to is not self._state:
-            events.append(StateChange(self.name, self._state, to, now))
         self._state = to
 
-    def _check_half_open_timeout(self, now: float, events: list[StateChange]) -> None:
+    def _check_half_open_timeout(self, now: float) -> None:
         limit = self.config.max_wait_in_half_open
         if self._state is State.HALF_OPEN and limit > 0.0 and now - self._half_open_at >= limit:
-            self._transition(State.OPEN, now, events)
+            self._transition(State.OPEN, now)
 
     def _exceeds(self, calls: int, failures: int, slow: int, minimum: int) -> bool:
         if calls < minimum or calls == 0:
@@ -260,28 +245,17 @@ class CircuitBreaker:
             or slow * 100.0 / calls >= self.config.slow_call_rate_threshold
         )
 
-    def _notify(self, events: list[StateChange] | None) -> None:
-        if not events:
-            return
-        with self._lock:
-            listeners = list(self._listeners)
-        for event in events:
-            for listener in listeners:
-                with contextlib.suppress(Exception):  # a listener must never break the caller
-                    listener(event)
-
     def _record(self, duration_s: float, failed: bool) -> None:
         slow = duration_s >= self.config.slow_call_duration
         outcome = (_FAILED if failed else 0) | (_SLOW if slow else 0)
-        events: list[StateChange] = []
         with self._lock:
             now = self._clock()
-            self._check_half_open_timeout(now, events)
+            self._check_half_open_timeout(now)
             if self._state is State.CLOSED:
                 w = self._window
                 w.record(now, outcome)
                 if self._exceeds(w.calls, w.failures, w.slow, self._window_minimum):
-                    self._transition(State.OPEN, now, events)
+                    self._transition(State.OPEN, now)
             elif self._state is State.HALF_OPEN:
                 p = self._probes
                 p.record(now, outcome)
@@ -289,27 +263,22 @@ class CircuitBreaker:
                 n = self.config.permitted_calls_in_half_open
                 if p.calls >= n:
                     to = State.OPEN if self._exceeds(p.calls, p.failures, p.slow, n) else State.CLOSED
-                    self._transition(to, now, events)
-            # OPEN, FORCED_OPEN, DISABLED: late outcomes of earlier calls are not recorded.
-        self._notify(events)
+                    self._transition(to, now)
+            # OPEN: late outcomes of earlier calls are not recorded.
 
     # -- public API ---------------------------------------------------------------------------------
 
     @property
     def state(self) -> State:
-        events: list[StateChange] = []
         with self._lock:
-            self._check_half_open_timeout(self._clock(), events)
-            state = self._state
-        self._notify(events)
-        return state
+            self._check_half_open_timeout(self._clock())
+            return self._state
 
     def acquire_permission(self) -> None:
         """Return if a call may proceed, else raise `CircuitOpen` (and count it as not permitted)."""
-        events: list[StateChange] | None = None
         with self._lock:
             state = self._state
-            if state is State.CLOSED or state is State.DISABLED:
+            if state is State.CLOSED:
                 return
             now = self._clock()
             if state is State.OPEN:
@@ -317,14 +286,9 @@ class CircuitBreaker:
                 if remaining > 0.0:
                     self._not_permitted += 1
                     raise CircuitOpen(self.name, state, remaining)
-                events = []
-                self._transition(State.HALF_OPEN, now, events)
-            elif state is State.FORCED_OPEN:
-                self._not_permitted += 1
-                raise CircuitOpen(self.name, state, None)
+                self._transition(State.HALF_OPEN, now)
             else:  # HALF_OPEN, unless its probes took longer than max_wait_in_half_open
-                events = []
-                self._check_half_open_timeout(now, events)
+                self._check_half_open_timeout(now)
             error: CircuitOpen | None = None
             if self._state is State.HALF_OPEN and (
                 self._permits_taken < self.config.permitted_calls_in_half_open - self._probes.calls
@@ -334,7 +298,6 @@ class CircuitBreaker:
                 self._not_permitted += 1
                 retry = self.config.wait_duration_in_open if self._state is State.OPEN else None
                 error = CircuitOpen(self.name, self._state, retry)
-        self._notify(events)
         if error is not None:
             raise error
 
@@ -350,85 +313,11 @@ class CircuitBreaker:
             if self._state is State.HALF_OPEN and self._permits_taken > 0:
                 self._permits_taken -= 1
 
-    async def call(
-        self,
-        fn: Callable[[], Awaitable[T]],
-        *,
-        is_failure: Callable[[BaseException], bool] = lambda e: True,
-    ) -> T:
-        """Await ``fn()`` under the breaker: `CircuitOpen` at once if not permitted, outcome recorded.
-
-        Exceptions for which ``is_failure`` is False count as successes; cancellation (and any other
-        BaseException that is not an Exception) gives the permission back without recording.
-        """
-        self.acquire_permission()
-        start = self._clock()
-        try:
-            result = await fn()
-        except BaseException as exc:
-            self._record_exception(exc, self._clock() - start, is_failure)
-            raise
-        self.on_success(self._clock() - start)
-        return result
-
-    def call_sync(
-        self,
-        fn: Callable[[], T],
-        *,
-        is_failure: Callable[[BaseException], bool] = lambda e: True,
-    ) -> T:
-        """The same as `call` for a blocking function (the threaded client)."""
-        self.acquire_permission()
-        start = self._clock()
-        try:
-            result = fn()
-        except BaseException as exc:
-            self._record_exception(exc, self._clock() - start, is_failure)
-            raise
-        self.on_success(self._clock() - start)
-        return result
-
-    def _record_exception(
-        self, exc: BaseException, duration_s: float, is_failure: Callable[[BaseException], bool]
-    ) -> None:
-        if not isinstance(exc, Exception):
-            self.release_permission()
-            return
-        try:
-            failed = is_failure(exc)
-        except Exception:
-            failed = True
-        if failed:
-            self.on_error(duration_s)
-        else:
-            self.on_success(duration_s)
-
-    def force_open(self) -> None:
-        self._set(State.FORCED_OPEN)
-
-    def disable(self) -> None:
-        self._set(State.DISABLED)
-
-    def transition_to_closed(self) -> None:
-        self._set(State.CLOSED)
-
     def reset(self) -> None:
-        """Back to CLOSED with an empty window and a zero not-permitted counter (no event if already so)."""
-        events: list[StateChange] = []
+        """Back to CLOSED with an empty window and a zero not-permitted counter."""
         with self._lock:
             self._not_permitted = 0
-            self._transition(State.CLOSED, self._clock(), events)
-        self._notify(events)
-
-    def _set(self, to: State) -> None:
-        events: list[StateChange] = []
-        with self._lock:
-            self._transition(to, self._clock(), events)
-        self._notify(events)
-
-    def add_listener(self, listener: Callable[[StateChange], None]) -> None:
-        with self._lock:
-            self._listeners.append(listener)
+            self._transition(State.CLOSED, self._clock())
 
     @property
     def metrics(self) -> BreakerMetrics:

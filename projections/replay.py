@@ -22,8 +22,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from domain.events import GRANTING_EVENTS, LOCK_ACQUIRED
-from domain.timestamps import SQL_TIMESTAMP_FORMAT
+from domain.timestamps import format_timestamp
 from eventstore.connection import Connection
+from eventstore.payloads import timestamp_text_sql
 
 LEASE_LAPSED = "LEASE_LAPSED"  # a change with no event: a deadline passed and nothing was recorded yet
 
@@ -119,7 +120,8 @@ async def state_at(
     head = rows[0]
     if at > head["db_now"]:
         raise FutureInstant(
-            f"{at.isoformat()} is in the future (the database clock reads {head['db_now'].isoformat()});"
+            f"{format_timestamp(at)} is in the future"
+            f" (the database clock reads {format_timestamp(head['db_now'])});"
             " replay answers for past instants"
         )
     live = [row for row in rows if row["resource"] is not None]
@@ -298,7 +300,7 @@ EXPORT_SQL = f"""
 SELECT json_build_object(
          'position', position, 'stream', stream_id, 'version', stream_version, 'event_id', event_id,
          'type', event_type, 'data', data, 'metadata', metadata,
-         'recorded_at', to_char(recorded_at AT TIME ZONE 'UTC', '{SQL_TIMESTAMP_FORMAT}'),
+         'recorded_at', {timestamp_text_sql("recorded_at")},
          'hash', encode(hash, 'hex'))::text AS line
   FROM events
  WHERE position > $1

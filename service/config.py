@@ -94,6 +94,17 @@ class Settings(BaseSettings):
         default=200, description="Pause between reaper passes that found nothing."
     )
     reaper_batch_size: int = 1_000
+    beacon_interval_ms: int = Field(
+        default=1_000,
+        ge=10,
+        description="How often each instance writes the outage beacon (a gap in it is an outage).",
+    )
+    outage_after_ms: int = Field(
+        default=3_000,
+        ge=20,
+        description="A beacon gap longer than this is an outage: live leases are extended by it, so none"
+        " lapses while no instance could reach a writable primary. At least twice the beacon interval.",
+    )
     idempotency_purge_batch: int = 5_000
 
     max_body_bytes: int = Field(
@@ -121,6 +132,13 @@ class Settings(BaseSettings):
         gt=0,
         description="A request body must arrive within this long after its head; otherwise 408"
         " `request_timeout` and the connection is closed.",
+    )
+    http_write_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A client must take a response it is sent: once its connection's write buffer is"
+        " full (above the high-water mark, 64 KiB), it must drain within this long, or the connection is"
+        " aborted. This ends a change-feed reader that stopped reading.",
     )
     http_max_connections: int | None = Field(
         default=None,

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import structlog
 from asyncpg.pool import PoolConnectionProxy
 
 from eventstore.connection import Connection
-from eventstore.dburl import asyncpg_dsn
+from eventstore.dburl import asyncpg_dsn, multi_host, single_host_urls
 from service.config import Settings
+from service.database_guard import NOT_PRIMARY
 
 log = structlog.get_logger("lockledger.database")
 
@@ -35,7 +37,13 @@ async def _reset(conn: Connection) -> None:
 # empty) chose a sequential scan, which was cheapest then, and kept it while the table grew: every
 # commit batch then read the whole of lock_state (docs/decisions/0008-per-key-statements.md). A scan is
 # still used where no index applies; it is only never preferred to one.
-COMMAND_PATH_SETTINGS = {"enable_seqscan": "off"}
+COMMAND_PATH_SETTINGS = {
+    "enable_seqscan": "off",
+    # A session left idle inside a transaction (its process frozen, or stuck between two statements)
+    # would hold its row locks, the outage beacon's among them, for every other instance to wait on.
+    # Every transaction of the command path is a few statements sent back to back.
+    "idle_in_transaction_session_timeout": "10000",  # ms
+}
 
 
 async def create_pool(
@@ -61,8 +69,11 @@ async def create_pool(
         server_settings["role"] = chosen_role
     if role is None:
         server_settings.update(COMMAND_PATH_SETTINGS)
+    dsn = asyncpg_dsn(url)
+    connect: Any = _connect_host_by_host if multi_host(dsn) else None  # asyncpg's protocol type is private
     pool = await asyncpg.create_pool(
-        asyncpg_dsn(url),
+        dsn,
+        connect=connect,
         min_size=min(settings.pool_min_size, max_size or settings.pool_max_size),
         max_size=max_size or settings.pool_max_size,
         command_timeout=settings.command_timeout_s,
@@ -71,6 +82,33 @@ async def create_pool(
     )
     assert pool is not None
     return pool
+
+
+# How long one server of a multi-host URL may take to accept a session before the next is tried.
+HOST_CONNECT_TIMEOUT_S = 3.0
+
+
+async def _connect_host_by_host(dsn: str, **options: Any) -> asyncpg.Connection:
+    """A multi-host URL's servers tried in order, each within ``HOST_CONNECT_TIMEOUT_S``.
+
+    asyncpg tries them under one timeout for the whole attempt (60 s), and moves on only when a server
+    refuses: a host that accepts connections but never answers (frozen, or hung) takes all of it, and the
+    primary listed after it is never reached. Each server alone is asked with the URL's own
+    ``target_session_attrs``, so a standby is passed over as asyncpg would."""
+    errors: list[BaseException] = []
+    for single in single_host_urls(dsn):
+        try:
+            async with asyncio.timeout(HOST_CONNECT_TIMEOUT_S):
+                return await asyncpg.connect(single, **options)
+        except (
+            OSError,
+            TimeoutError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            asyncpg.InternalClientError,  # TargetServerAttributeNotMatched: a standby, for read-write
+        ) as error:
+            errors.append(error)
+    raise errors[-1]
 
 
 @contextlib.asynccontextmanager
@@ -99,6 +137,8 @@ async def connection(
     except BaseException as error:
         if isinstance(error, asyncpg.InternalClientError):
             conn.terminate()
+        if isinstance(error, NOT_PRIMARY):
+            await pool.expire_connections()
         await pool.release(conn)
         raise
     _release_later(pool, conn)

@@ -22,6 +22,15 @@ from service.errors import Unavailable
 
 T = TypeVar("T")
 
+# No writable primary behind this session: the server is shutting down or restarting (a failover demotes
+# the old primary by restarting it), or it takes no writes (a standby now). The pool then drops every
+# connection, so the next ones go where a multi-host URL's ``target_session_attrs=read-write`` finds one.
+NOT_PRIMARY = (
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.ReadOnlySQLTransactionError,
+)
+
 UNREACHABLE = (
     OSError,
     TimeoutError,
@@ -31,6 +40,7 @@ UNREACHABLE = (
     asyncpg.CannotConnectNowError,
     asyncpg.TooManyConnectionsError,
     asyncpg.InternalClientError,  # a connection left mid-operation by a cut-off round trip
+    *NOT_PRIMARY,
 )
 
 

@@ -13,16 +13,22 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeAlias
 
 import asyncpg
 import structlog
+from prometheus_client import Gauge
 
 from eventstore.tail import Cursor, Filter, Tail, TailEvent, Window, read_page
 
 log = structlog.get_logger("lockledger.feed")
 
 OVERFLOW: Final = "overflow"
+
+OPEN = Gauge(
+    "lockledger_feed_subscriptions",
+    "Change-feed subscriptions of this process whose stream has not ended (each holds its queue)",
+)
 _PAGE = 500  # events per catch-up query
 
 
@@ -30,6 +36,9 @@ _PAGE = 500  # events per catch-up query
 class Delivery:
     event: TailEvent
     cursor: Cursor  # the subscriber's place once it has this event: its SSE id
+
+
+Batch: TypeAlias = list[Delivery | str]  # deliveries in order; an overflowed subscriber's last is OVERFLOW
 
 
 @dataclass(eq=False)
@@ -40,6 +49,7 @@ class Subscription:
     live_from: int  # the reader's boundary when it subscribed: earlier windows come from its catch-up
     queue: asyncio.Queue[Delivery | str] = field(default_factory=asyncio.Queue)
     overflowed: bool = False
+    ended: bool = False
 
     def offer(self, delivery: Delivery) -> None:
         if self.overflowed or delivery.cursor.lo < self.live_from:
@@ -124,7 +134,7 @@ class Feed:
 
     async def subscribe(
         self, flt: Filter, *, after: int | None, cursor: Cursor | None, wait_s: float = 5.0
-    ) -> tuple[Subscription, AsyncIterator[Delivery | str]]:
+    ) -> tuple[Subscription, AsyncIterator[Batch]]:
         """A subscription and its deliveries: the catch-up from the database (when resuming), then the
         live windows. ``after`` is a plain position (no boundary); ``cursor`` a full SSE id; neither: now.
         """
@@ -143,33 +153,44 @@ class Feed:
             start = cursor
         subscription = Subscription(flt, start, self.queue_size, now)
         self._subscribers.add(subscription)  # no await since reading ``now``: the live windows start there
+        OPEN.inc()
         return subscription, self._deliveries(subscription, now)
 
     def unsubscribe(self, subscription: Subscription) -> None:
+        """The subscription's stream has ended: nothing more is queued for it."""
         self._subscribers.discard(subscription)
+        if not subscription.ended:
+            subscription.ended = True
+            OPEN.dec()
 
-    async def _catch_up(self, lo: int, hi: int, after: int, flt: Filter) -> AsyncIterator[Delivery]:
-        """The events of ``[lo, hi)`` after ``after`` from the database, page by page (no connection is
-        held while the client reads)."""
+    async def _catch_up(self, lo: int, hi: int, after: int, flt: Filter) -> AsyncIterator[Batch]:
+        """The events of ``[lo, hi)`` after ``after`` from the database, a batch per page (no connection
+        is held while the client reads)."""
         while True:
             async with self._pool.acquire() as conn:
                 events = await read_page(conn, lo, hi, after=after, flt=flt, page=_PAGE)
-            for event in events:
-                yield Delivery(event, Cursor(event.position, lo, hi))
+            if events:
+                yield [Delivery(event, Cursor(event.position, lo, hi)) for event in events]
             if len(events) < _PAGE:
                 return
             after = events[-1].position
 
-    async def _deliveries(self, subscription: Subscription, now: int) -> AsyncIterator[Delivery | str]:
+    async def _deliveries(self, subscription: Subscription, now: int) -> AsyncIterator[Batch]:
+        """Batches of what is ready at once: a catch-up page, or everything queued when the subscriber
+        takes from its queue (so a window reaches a client in one write, not one per event); the last
+        batch of an overflowed subscriber ends with ``OVERFLOW``."""
         start, flt = subscription.start, subscription.flt
         # Phase A: the rest of the window the client was in; phase B: every window since, up to ``now``.
-        async for delivery in self._catch_up(start.lo, min(start.hi, now), start.position, flt):
-            yield delivery
+        async for batch in self._catch_up(start.lo, min(start.hi, now), start.position, flt):
+            yield batch
         if start.hi < now:
-            async for delivery in self._catch_up(start.hi, now, self._tail.floor(start.hi), flt):
-                yield delivery
+            async for batch in self._catch_up(start.hi, now, self._tail.floor(start.hi), flt):
+                yield batch
+        queue = subscription.queue
         while True:
-            item = await subscription.queue.get()
-            yield item
-            if item == OVERFLOW:
+            ready = [await queue.get()]
+            while not queue.empty():
+                ready.append(queue.get_nowait())
+            yield ready
+            if ready[-1] == OVERFLOW:
                 return

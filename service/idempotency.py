@@ -1,4 +1,5 @@
-"""Idempotency-Key handling: request fingerprints, replay decisions, and the purge of old keys."""
+"""Idempotency-Key handling: request fingerprints and replay decisions (the purge of old keys is the
+reaper's: ``ReaperStore.purge_keys``, ``service/reaper_store.py``)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,10 @@ import hashlib
 import json
 from typing import Any
 
-from eventstore.connection import Connection
 from service.errors import IdempotencyKeyReused
-from service.lock_store import StoredOutcome
+from service.ports import StoredOutcome
 
 MAX_KEY_LENGTH = 255
-
-# Planned afresh at every run (see purge_expired), so written with its two integers in place.
-PURGE_SQL = """
-DELETE FROM idempotency_keys
- WHERE ctid = ANY(ARRAY(
-       SELECT ctid FROM idempotency_keys
-        WHERE created_at < clock_timestamp() - {retention_s:d} * interval '1 second'
-        ORDER BY created_at
-        LIMIT {batch:d}))
-"""
-
 
 # One encoder for every fingerprint (json.dumps builds a new one per call when given options); its output
 # must never change, or a retry across an upgrade would no longer match its stored key.
@@ -39,16 +28,3 @@ def replay(stored: StoredOutcome, request_fingerprint: bytes) -> str:
     if stored.fingerprint != request_fingerprint:
         raise IdempotencyKeyReused("this Idempotency-Key was already used for a different request")
     return stored.response
-
-
-async def purge_expired(conn: Connection, retention_s: int, batch: int) -> int:
-    """Delete up to ``batch`` keys older than the retention window; returns how many went.
-
-    Sent as a simple query, never prepared, so PostgreSQL plans it for the table as it is now. A plan
-    cached on a new database, while the table was empty, joined the old keys against a sequential scan
-    of the whole table (cheapest for ten pages), and would have kept doing so once the table held a
-    day of keys; planned afresh, a large table is probed by the old keys' row addresses. It runs every
-    few seconds at most, so planning it costs nothing that matters.
-    """
-    status = await conn.execute(PURGE_SQL.format(retention_s=int(retention_s), batch=int(batch)))
-    return int(status.split()[-1])

@@ -1,9 +1,10 @@
 """The command use case: load the lock (or take it from memory), decide, commit, and on a lost race load
 and decide again (bounded).
 
-``LockService`` sees one ``LockStore`` (``service/store.py``); remembered states, coalesced round trips,
-in-flight ordering and the database guard are adapters around it (``service/store_adapters.py``), each
-switched on or off by settings.
+``LockService`` sees ports only (``service/ports.py``): one ``LockStore`` and, through ``Waiters``, the
+``Notifier``; remembered states, coalesced round trips, in-flight ordering and the database guard are
+adapters around the store (``service/store_adapters.py``), each switched on or off by settings. The
+server wires the PostgreSQL adapters (``service/composition.py``); tests may wire the fakes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
 from prometheus_client import Counter
 
 from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
@@ -25,10 +25,8 @@ from domain.value import value
 from service.database_guard import DatabaseGuard
 from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
-from service.lock_store import AppendPlan, Idempotency
 from service.outcomes import CommandResult, answer_fields, outcome_of
-from service.store import CommitConflict, LoadRequest, LockStore
-from service.store_adapters import Adapters, build_store
+from service.ports import AppendPlan, CommitConflict, Idempotency, LoadRequest, LockStore
 from service.waiters import Waiters
 
 _READS = Counter("lockledger_command_reads_total", "Commands that read their lock's state before deciding")
@@ -107,25 +105,6 @@ class LockService:
         self._retries = conflict_retries
         self._max_wait_ms = max_wait_ms
         self.reads = 0  # commands that read their lock's state (the others decided on a remembered one)
-
-    @classmethod
-    def on_pool(
-        cls,
-        pool: asyncpg.Pool,
-        bounds: TtlBounds,
-        *,
-        adapters: Adapters | None = None,
-        guard: DatabaseGuard | None = None,
-        conflict_retries: int = 16,
-        acquire_timeout_s: float = 5.0,
-        max_wait_ms: int = 30_000,
-        wait_poll_s: float = 0.05,
-    ) -> LockService:
-        """The service on PostgreSQL, its store wrapped in ``adapters`` (all on unless said otherwise)."""
-        guard = guard or DatabaseGuard()
-        store = build_store(pool, guard, adapters or Adapters(), acquire_timeout_s)
-        waiters = Waiters(pool, poll_s=wait_poll_s, acquire_timeout_s=acquire_timeout_s)
-        return cls(store, bounds, waiters, guard, conflict_retries=conflict_retries, max_wait_ms=max_wait_ms)
 
     @property
     def default_ttl_ms(self) -> int:

@@ -20,19 +20,15 @@ shape, cached by asyncpg. The tables it touches are defined in ``*/schema.py``.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import asyncpg
 from pydantic_core import to_json
 
-from domain.events import DEADLINE_FIELD, GRANTING_EVENTS, LOCK_ACQUIRED, Event, event_payload
-from domain.state import LockState
-from domain.timestamps import SQL_TIMESTAMP_FORMAT
-from domain.value import value
+from domain.events import DEADLINE_FIELD, GRANTING_EVENTS, LOCK_ACQUIRED, event_payload
 from eventstore.append import append_sql, event_rows
 from eventstore.connection import Connection
-from eventstore.payloads import deadline_sql
+from eventstore.payloads import deadline_sql, timestamp_text_sql
 from projections.lock_state import (
     advance_heads_sql,
     create_heads_sql,
@@ -41,49 +37,7 @@ from projections.lock_state import (
     read_head_sql,
 )
 from projections.schema import lock_state_from_row
-
-
-@value
-class StoredOutcome:
-    """What an Idempotency-Key already produced."""
-
-    fingerprint: bytes
-    response: str  # the answer's fields, JSON (service/outcomes.py)
-
-
-@value
-class Snapshot:
-    db_now: datetime
-    state: LockState
-    stored: StoredOutcome | None
-    remembered: bool = False  # answered from this process's memory, not read (service/store_adapters.py)
-
-
-@value
-class Idempotency:
-    principal: str
-    key: str | None
-    fingerprint: bytes
-
-
-@value
-class AppendPlan:
-    """A decision ready to be committed: the events, the state they lead to, and the response."""
-
-    expected_version: int
-    events: list[Event]
-    new_state: LockState
-    require_live: bool
-    response: dict[str, Any]  # the answer's fields; a grant's deadline is added by the commit
-    metadata: dict[str, Any]
-    idempotency: Idempotency
-    remembered: bool = False  # decided on a remembered state, not one just read
-
-
-@value
-class Committed:
-    expires_at: datetime | None  # the lease deadline as stored (a grant's is stamped by the statement)
-
+from service.ports import AppendPlan, Committed, Snapshot, StoredOutcome
 
 # The read for every command waiting to load, in one round trip. Each row is looked up by key (LATERAL),
 # never joined: see "Plans that stay index probes" above COMMIT_SQL.
@@ -120,12 +74,6 @@ def _snapshot(resource: str, row: asyncpg.Record) -> Snapshot:
     return Snapshot(db_now=row["db_now"], state=state, stored=stored)
 
 
-def _answer_text(instant: str) -> str:
-    """SQL writing ``instant`` as every answer writes one (domain/timestamps.py): a grant's deadline in
-    the answer's fields stored under its Idempotency-Key, which a replay renders as the first answer."""
-    return f"to_char({instant} AT TIME ZONE 'UTC', '{SQL_TIMESTAMP_FORMAT}')"
-
-
 # Plans on distinct resources and keys in one statement and so one transaction (and one WAL flush). Each
 # plan stands or falls on its own: its head row must be at the expected version (locked in resource
 # order, so concurrent batches cannot deadlock on heads), the clock is read once every head is locked,
@@ -146,7 +94,8 @@ def _answer_text(instant: str) -> str:
 # tempts even a per-key lookup into a scan; the command path's sessions refuse those:
 # COMMAND_PATH_SETTINGS in service/database.py.) tests/storage/test_statement_plans.py plans the
 # statement on such tables and refuses any scan.
-_ANSWERED_DEADLINE = _answer_text("ok.new_expires_at")
+# A grant's deadline in the answer stored under its Idempotency-Key, which a replay renders as the first.
+_ANSWERED_DEADLINE = timestamp_text_sql("ok.new_expires_at")
 
 COMMIT_SQL = f"""
 WITH c AS (

@@ -5,6 +5,9 @@ statement that appends the command's events, so a key exists if and only if its 
 never appends again.
 
 api_tokens: who may call the API, and as what role (`lockledger tokens`).
+
+outage_beacon: one row, written every second by each running instance; a gap in it is an outage after
+which live leases are extended (service/outage.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from sqlalchemy import (
     Index,
     LargeBinary,
     PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     Text,
     func,
@@ -55,4 +59,13 @@ api_tokens = Table(
     Index("api_tokens_name_idx", "name"),
     # service/authenticator.py asks every few seconds which tokens were revoked lately.
     Index("api_tokens_revoked_at_idx", "revoked_at", postgresql_where=text("revoked_at IS NOT NULL")),
+)
+
+outage_beacon = Table(
+    "outage_beacon",
+    metadata,
+    Column("id", SmallInteger, primary_key=True),
+    Column("beat_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("beaten_by", Text, nullable=False),
+    CheckConstraint("id = 1", name="outage_beacon_one_row"),
 )

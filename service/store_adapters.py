@@ -13,15 +13,15 @@ stacks them:
 - ``Coalescing``: concurrent loads, and commits on distinct resources and keys, share one round trip
   (``service/coalescer.py``).
 - ``Guarded``: every round trip through the circuit breaker (``service/database_guard.py``).
+- ``AfterOutage``: before the first round trip after the database was unreachable, the live leases are
+  extended by the outage (``service/outage.py``). Not a speed-up: a safety rule, never switched off.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Hashable, Sequence
-from datetime import UTC, datetime
 
-import asyncpg
 from prometheus_client import Counter, Histogram
 
 from domain.state import initial_state
@@ -30,9 +30,9 @@ from service.appends_in_flight import AppendsInFlight
 from service.coalescer import LATE_FACTOR, Coalescer
 from service.database_guard import DatabaseGuard, is_unreachable
 from service.errors import Unavailable
-from service.lock_store import AppendPlan, Committed, Snapshot
+from service.outage import OutageWatch
+from service.ports import AppendPlan, Clock, Committed, LoadRequest, LockStore, Snapshot
 from service.state_cache import NewStreamGuess, StateCache
-from service.store import LoadRequest, LockStore, PostgresStore
 
 # Whether remembering pays, per process: commands appended straight from memory, and those whose memory
 # proved stale (and were read after all).
@@ -71,10 +71,16 @@ class Adapters:
 
 
 def build_store(
-    pool: asyncpg.Pool, guard: DatabaseGuard, adapters: Adapters, acquire_timeout_s: float
+    store: LockStore,
+    guard: DatabaseGuard,
+    adapters: Adapters,
+    clock: Clock,
+    outage_watch: OutageWatch | None = None,
 ) -> LockStore:
-    """The PostgreSQL store wrapped in the adapters switched on, outermost first as listed above."""
-    store: LockStore = PostgresStore(pool, acquire_timeout_s)
+    """``store`` wrapped in the adapters switched on, outermost first as listed above; ``clock`` stands
+    in for the store's when a state is remembered rather than read."""
+    if outage_watch is not None:
+        store = AfterOutage(store, outage_watch)
     if adapters.database_guard:
         store = Guarded(store, guard)
     if adapters.coalesce:
@@ -82,7 +88,7 @@ def build_store(
     if adapters.database_guard:
         store = StallCheck(store, guard)
     if adapters.state_cache_size > 0:
-        store = Remembering(store, adapters.state_cache_size)
+        store = Remembering(store, adapters.state_cache_size, clock)
     if adapters.order_in_flight:
         store = InFlightOrdering(store)
     return store
@@ -121,8 +127,9 @@ class Remembering:
     commit that the version check refuses, after which the state is forgotten and read.
     """
 
-    def __init__(self, inner: LockStore, capacity: int) -> None:
+    def __init__(self, inner: LockStore, capacity: int, clock: Clock) -> None:
         self.inner = inner
+        self._clock = clock  # the store's clock as near as this process can read it
         self.states = StateCache(capacity)
         self.new_streams = NewStreamGuess()
         self._guessed: set[str] = set()  # streams answered as new, until their commit tells
@@ -159,7 +166,7 @@ class Remembering:
             state = initial_state(request.resource)
         elif state.status != request.remembered_if:
             return None
-        return Snapshot(db_now=datetime.now(UTC), state=state, stored=None, remembered=True)
+        return Snapshot(db_now=self._clock.now(), state=state, stored=None, remembered=True)
 
     async def commit(self, plans: Sequence[AppendPlan]) -> list[Committed | None]:
         try:
@@ -283,3 +290,28 @@ class Coalescing:
         if len(plans) == 1:
             return [await self._commits.submit(plans[0])]
         return list(await asyncio.gather(*(self._commits.submit(plan) for plan in plans)))
+
+
+class AfterOutage:
+    """A round trip after the database was unreachable first extends the leases the outage would have
+    lapsed, so this process never takes over or refuses a lease on a deadline nobody could renew."""
+
+    def __init__(self, inner: LockStore, watch: OutageWatch) -> None:
+        self.inner = inner
+        self._watch = watch
+
+    async def load(self, requests: Sequence[LoadRequest]) -> list[Snapshot]:
+        await self._watch.resume_if_needed()
+        try:
+            return await self.inner.load(requests)
+        except Exception as error:
+            self._watch.saw_failure(error)
+            raise
+
+    async def commit(self, plans: Sequence[AppendPlan]) -> list[Committed | None]:
+        await self._watch.resume_if_needed()
+        try:
+            return await self.inner.commit(plans)
+        except Exception as error:
+            self._watch.saw_failure(error)
+            raise

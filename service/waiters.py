@@ -5,12 +5,11 @@ and a 409, and the first poll after the release wins by luck, not by order. A wa
 stays with the server, which tries again only when the lock may have come free:
 
 - at once when this process committed the release, expiry or force-release (``freed``);
-- otherwise when the follower sees it: while anyone in this process waits, one statement every
-  ``poll_s`` asks ``lock_state`` which of the awaited locks are free or past their deadline by the
-  database clock. That covers releases through other server processes and leases that lapsed (the
-  retried acquire itself appends the expiry; it need not wait for the reaper). ``lock_state`` is updated
-  in the same transaction as each append, so reading it is following the log for exactly these
-  streams, and nothing is asked of the database when nobody waits (DESIGN: no NOTIFY in the append).
+- otherwise when the follower sees it: while anyone in this process waits, every ``poll_s`` it asks the
+  ``Notifier`` port (``service/ports.py``; in PostgreSQL ``service/notifier.py``) which of the awaited
+  locks are free or past their deadline by the store's clock. That covers releases through other server
+  processes and leases that lapsed (the retried acquire itself appends the expiry; it need not wait for
+  the reaper), and nothing is asked when nobody waits (DESIGN: no NOTIFY in the append).
 
 The waiters on one lock in one process take turns in arrival order (``asyncio.Lock`` is FIFO): only the
 first tries again on a wake, so a release hands the lock to the longest waiter here instead of waking
@@ -25,14 +24,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
-import asyncpg
 import structlog
 from prometheus_client import Gauge, Histogram
 
 from domain.errors import LockHeld
-from projections.lock_state import lapsed_sql
-from service.database import connection
 from service.errors import Unavailable
+from service.ports import Notifier, NotifierUnavailable
 
 log = structlog.get_logger("lockledger.waiters")
 
@@ -49,11 +46,6 @@ _ABANDONED = _WAITED.labels("abandoned")
 _SHUT_DOWN = _WAITED.labels("shutdown")
 
 T = TypeVar("T")
-
-FREED_SQL = f"""
-SELECT resource FROM lock_state
- WHERE resource = ANY($1::text[]) AND (status <> 'held' OR {lapsed_sql("expires_at", "clock_timestamp()")})
-"""
 
 
 class Line:
@@ -79,10 +71,9 @@ class Line:
 
 
 class Waiters:
-    def __init__(self, pool: asyncpg.Pool, *, poll_s: float, acquire_timeout_s: float) -> None:
-        self._pool = pool
+    def __init__(self, notifier: Notifier, *, poll_s: float) -> None:
+        self._notifier = notifier
         self._poll_s = poll_s
-        self._acquire_timeout_s = acquire_timeout_s
         self._lines: dict[str, Line] = {}
         self._follower: asyncio.Task[None] | None = None
         self._draining = False
@@ -215,14 +206,13 @@ class Waiters:
                 if not resources:
                     break
                 try:
-                    async with connection(self._pool, self._acquire_timeout_s) as conn:
-                        rows = await conn.fetch(FREED_SQL, resources)
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as error:
+                    freed = await self._notifier.freed(resources)
+                except NotifierUnavailable as error:
                     # The waiters still give up at their deadlines, and their own attempts report outages.
                     log.warning("cannot see which awaited locks came free; trying again", error=str(error))
                     continue
-                for row in rows:
-                    self.freed(row["resource"])
+                for resource in freed:
+                    self.freed(resource)
         finally:
             self._follower = None
 

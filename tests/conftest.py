@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from domain.access import Role
 from eventstore.dburl import asyncpg_dsn
 from migrations.upgrade import upgrade
 from service import tokens
+from service.composition import lock_service_on_pool
 from service.config import Settings
 from service.database import create_pool
 from service.lock_service import LockService
@@ -53,6 +54,28 @@ def _replace_database(url: str, database: str) -> str:
     head, sep, query = url.partition("?")
     scheme_host, _, _ = head.rpartition("/")
     return f"{scheme_host}/{database}{sep}{query}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that reaches the shared PostgreSQL server (`make test-fast` leaves them out)."""
+    for item in items:
+        if "test_database" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that used a server shows the end of that server's log (its warnings say why a
+    command was refused, e.g. a database it found unreachable)."""
+    report = yield
+    if report.failed:
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, ServerProcess) and value.log_path is not None and value.log_path.exists():
+                tail = value.log_path.read_text(errors="replace").splitlines()[-40:]
+                report.sections.append((f"server log {value.base_url} (last 40 lines)", "\n".join(tail)))
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -99,6 +122,26 @@ def database_url(test_database: TestDatabase) -> str:
     return test_database.url
 
 
+@contextlib.contextmanager
+def scratch_database(database_url: str) -> Iterator[str]:
+    """A migrated database of its own on the test server, dropped when the block ends."""
+    name = f"lockledger_scratch_{uuid.uuid4().hex[:8]}"
+    _run_admin(database_url, f'CREATE DATABASE "{name}"')
+    url = _replace_database(database_url, name)
+    upgrade(url)
+    try:
+        yield url
+    finally:
+        _run_admin(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def scratch_database_url(database_url: str) -> Iterator[str]:
+    """A database of its own for a test that changes database-wide things (settings, the outage beacon)."""
+    with scratch_database(database_url) as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def settings(database_url: str) -> Settings:
     return Settings(database_url=database_url, reaper_enabled=False)
@@ -122,7 +165,7 @@ async def admin_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
 
 @pytest.fixture(scope="session")
 def lock_service(service_pool: asyncpg.Pool, settings: Settings) -> LockService:
-    return LockService.on_pool(service_pool, settings.ttl_bounds, conflict_retries=settings.conflict_retries)
+    return lock_service_on_pool(service_pool, settings.ttl_bounds, conflict_retries=settings.conflict_retries)
 
 
 @pytest.fixture
@@ -183,7 +226,7 @@ class ServerProcess:
     database_url: str
     port: int
     env_overrides: dict[str, str]
-    log_path: Path | None = None  # where its stderr goes (appended across restarts); discarded when None
+    log_path: Path | None = None  # where its stdout and stderr go (appended across restarts); else discarded
     process: subprocess.Popen[bytes] | None = None
     workers: int = 1
 
@@ -219,7 +262,7 @@ class ServerProcess:
                     str(self.workers),
                 ],
                 env=env,
-                stdout=subprocess.DEVNULL,
+                stdout=log or subprocess.DEVNULL,
                 stderr=log or subprocess.DEVNULL,
             )
         finally:
@@ -261,34 +304,40 @@ def stop_process(process: subprocess.Popen[bytes] | None) -> None:
 @contextlib.contextmanager
 def running_server(database_url: str, env_overrides: dict[str, str]) -> Iterator[ServerProcess]:
     """A started server on a free port, stopped when the block ends, however it ends."""
-    proc = ServerProcess(database_url, free_port(), env_overrides)
-    proc.start()
+    port = free_port()
+    log_path = Path(tempfile.mkdtemp(prefix="lockledger-server-")) / f"serve-{port}.log"
+    proc = ServerProcess(database_url, port, env_overrides, log_path=log_path)
     try:
+        proc.start()
         yield proc
     finally:
         proc.stop()
+        shutil.rmtree(log_path.parent, ignore_errors=True)
+
+
+# The shared server: its reaper every 100 ms; acquires wait at most 2 s (the fuzzer sends wait_ms of every
+# size to locks it may hold already).
+SERVER_SETTINGS = {"LOCKLEDGER_REAPER_INTERVAL_MS": "100", "LOCKLEDGER_MAX_WAIT_MS": "2000"}
+# Authentication on, as in production; token lookups cached briefly so revocation tests need not wait 10 s.
+AUTH_SERVER_SETTINGS = {
+    "LOCKLEDGER_DEV_MODE": "false",
+    "LOCKLEDGER_AUTH_CACHE_S": "0.5",
+    "LOCKLEDGER_REAPER_ENABLED": "false",
+    "LOCKLEDGER_MAX_WAIT_MS": "2000",
+}
 
 
 @pytest.fixture(scope="session")
 def server(database_url: str) -> Iterator[ServerProcess]:
     """One real HTTP server with its reaper, shared by the end-to-end tests."""
-    # Acquires wait at most 2 s: the fuzzer sends wait_ms of every size to locks it may hold already.
-    overrides = {"LOCKLEDGER_REAPER_INTERVAL_MS": "100", "LOCKLEDGER_MAX_WAIT_MS": "2000"}
-    with running_server(database_url, overrides) as proc:
+    with running_server(database_url, SERVER_SETTINGS) as proc:
         yield proc
 
 
 @pytest.fixture(scope="session")
 def auth_server(database_url: str) -> Iterator[ServerProcess]:
-    """A server with authentication on, as in production; token lookups cached briefly so revocation
-    tests need not wait the default 10 s."""
-    overrides = {
-        "LOCKLEDGER_DEV_MODE": "false",
-        "LOCKLEDGER_AUTH_CACHE_S": "0.5",
-        "LOCKLEDGER_REAPER_ENABLED": "false",
-        "LOCKLEDGER_MAX_WAIT_MS": "2000",
-    }
-    with running_server(database_url, overrides) as proc:
+    """A server with authentication on, shared by the tests of tokens and roles."""
+    with running_server(database_url, AUTH_SERVER_SETTINGS) as proc:
         yield proc
 
 

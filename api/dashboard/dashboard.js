@@ -7,12 +7,16 @@
 // counters), /v1/replay/state and /v1/replay/changes (the time slider). Times come from the server's
 // clock: the offset to it is measured on each /v1/locks answer (its `at`).
 
+import { setUpTimeline } from "./timeline.js";
+
 const TOKEN_KEY = "lockledger.token";
 const LOCK_POLL_MS = 3000;
 const SAGA_POLL_MS = 5000;
 const STATS_POLL_MS = 2000;
 const EXPIRING_MS = 10_000;
-const AROUND_MS = 30_000; // events shown around a scrubbed instant, each side
+const AROUND_MS = 30_000; // events shown around a scrubbed instant, each side (narrowed on a busy fleet)
+const MIN_AROUND_MS = 100;
+const HALF_PAGE = 500; // events shown each side of it, at most
 const SLIDER_SPAN_MS = 3600_000;
 const MAX_EVENTS = 150;
 
@@ -238,23 +242,59 @@ function refreshAll() {
 
 async function scrubTo(at) {
   at = Math.min(at, serverNow() - 1000);
-  state.scrub = { at, locks: state.scrub?.locks ?? [], changes: state.scrub?.changes ?? [] };
+  state.scrub = { ...(state.scrub ?? { locks: [], changes: [], before: AROUND_MS, after: AROUND_MS, cut: false }), at, ready: false };
   const instant = new Date(at).toISOString();
-  const from = new Date(at - AROUND_MS).toISOString();
-  const to = new Date(Math.min(at + AROUND_MS, serverNow() - 1000)).toISOString();
   history.replaceState(null, "", `?at=${encodeURIComponent(instant)}`);
   render();
   try {
-    const [fleet, changes] = await Promise.all([
+    const [fleet, near] = await Promise.all([
       api(`/v1/replay/state?at=${encodeURIComponent(instant)}&limit=10000`),
-      api(`/v1/replay/changes?from=${encodeURIComponent(from)}&to=${encodeURIComponent(to)}&limit=1000`),
+      changesAround(at),
     ]);
     if (state.scrub?.at !== at) return; // moved on meanwhile
-    state.scrub = { at, locks: fleet.locks, changes: changes.changes, ready: true };
+    state.scrub = { at, locks: fleet.locks, ...near, ready: true };
   } catch (error) {
     if (!(error instanceof NeedToken)) console.warn(error);
   }
   render();
+}
+
+// The events nearest an instant, at most a page (500) each side. After it: the first page of the 30 s
+// after. Before it, where the API pages forwards only: the widest window up to 30 s whose events fit a page
+// (bisected, to 100 ms), so a busy fleet shows the events just before the instant, not the first of the
+// 30 s. `cut` says even 100 ms before it held more than a page.
+async function changesAround(at) {
+  const [[before, beforeMs, cut], after] = await Promise.all([
+    nearestBefore(at),
+    changesBetween(at, at + AROUND_MS),
+  ]);
+  return {
+    changes: [...before.changes, ...after.changes],
+    before: beforeMs,
+    after: after.next_cursor ? Date.parse(after.changes.at(-1).at) - at : AROUND_MS,
+    cut,
+  };
+}
+
+async function nearestBefore(at) {
+  const whole = await changesBetween(at - AROUND_MS, at);
+  if (!whole.next_cursor) return [whole, AROUND_MS, false];
+  let [fits, wide, best] = [0, AROUND_MS, null];
+  while (wide - fits > MIN_AROUND_MS) {
+    const tried = (fits + wide) / 2;
+    const page = await changesBetween(at - tried, at);
+    if (page.next_cursor) wide = tried;
+    else [fits, best] = [tried, page];
+  }
+  if (best) return [best, fits, false];
+  const narrowest = await changesBetween(at - MIN_AROUND_MS, at);
+  return [narrowest, MIN_AROUND_MS, Boolean(narrowest.next_cursor)];
+}
+
+function changesBetween(from, to) {
+  const iso = (ms) => encodeURIComponent(new Date(ms).toISOString());
+  to = Math.min(to, serverNow() - 1000);
+  return api(`/v1/replay/changes?from=${iso(from)}&to=${iso(to)}&limit=${HALF_PAGE}`);
 }
 
 function goLive() {
@@ -414,6 +454,15 @@ function currentStep(saga) {
   return step ? `${step.name} (${step.status})` : saga.steps.find((s) => s.status === "pending")?.name ?? "";
 }
 
+// The saga's own lease: time left by the server's clock, or the lapse the server recorded (the reaper then
+// compensates the saga, or makes it stuck at the second lapse).
+function sagaLease(saga) {
+  if (saga.lease_lapsed_at) return `lapsed ${formatInstant(Date.parse(saga.lease_lapsed_at))}`;
+  if (!saga.lease_expires_at) return "";
+  const left = Math.max(0, Date.parse(saga.lease_expires_at) - serverNow());
+  return `${(left / 1000).toFixed(1)} s of ${(saga.lease_ms / 1000).toFixed(0)} s`;
+}
+
 function renderSagas() {
   $("sagas").tBodies[0].replaceChildren(
     ...state.sagas.inFlight.map((saga) =>
@@ -425,6 +474,7 @@ function renderSagas() {
         el("td", { text: saga.owner }),
         el("td", { text: saga.status }),
         el("td", { text: currentStep(saga) }),
+        el("td", { class: saga.lease_lapsed_at ? "lease lapsed" : "lease", text: sagaLease(saga) }),
       ),
     ),
   );
@@ -485,7 +535,13 @@ function renderEvents() {
       );
     }
     if (!marked) rows.push(el("li", { class: "marker", text: `▲ ${formatInstant(at)}` }));
-    $("events-title").textContent = "Events within 30 s of that instant";
+    const { before, after, cut } = state.scrub;
+    const span = (ms) => (ms >= 1000 ? `${+(ms / 1000).toFixed(1)} s` : `${Math.round(ms)} ms`);
+    $("events-title").textContent =
+      before === AROUND_MS && after === AROUND_MS
+        ? `Events within ${span(AROUND_MS)} of that instant`
+        : `Events ${span(before)} before to ${span(after)} after that instant, the nearest of a busy fleet` +
+          (cut ? ` (more than ${HALF_PAGE} within ${span(MIN_AROUND_MS)} before it: the first shown)` : "");
   } else {
     rows = state.events.map((event) =>
       eventRow(Date.parse(event.recorded_at), event.type, event.stream, event.data?.owner, event.data?.fencing_token),
@@ -496,8 +552,11 @@ function renderEvents() {
   $("events-empty").hidden = rows.length > 0;
 }
 
+let timeline = null;
+
 function renderMode() {
   const scrubbed = state.scrub !== null;
+  timeline?.instantMoved();
   $("banner").hidden = !scrubbed;
   // data-at and data-ready say which instant is shown and whether its answer is in (for scripts, tests).
   $("banner").dataset.at = scrubbed ? new Date(state.scrub.at).toISOString() : "";
@@ -616,6 +675,7 @@ function start() {
   };
   setLarge(large);
   $("large-type").addEventListener("click", () => setLarge(!document.documentElement.classList.contains("large")));
+  timeline = setUpTimeline({ api, el, now: serverNow, instant: () => state.scrub?.at ?? null });
   $("slider").addEventListener("input", onSlide);
   $("live").addEventListener("click", goLive);
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.routing import Match
 
-from api import commands
+from api import commands, sagas
 from api.command_route import CommandRoute
 from api.fast_path import CommandFastPath
 from bench import noop
@@ -63,14 +63,19 @@ def _routers_choice(app: FastAPI, scope: dict[str, Any]) -> Any:
 
 
 _SEGMENTS = st.sampled_from(
-    ["v1", "locks", "noop", "acquire", "renew", "release", "force-release", "zone:A3", "", ".", "a b", "%2F"]
-)
+    ["v1", "locks", "noop", "sagas", "steps", "acquire", "renew", "release", "force-release", "zone:A3", "",
+     ".", "a b", "%2F"]
+)  # fmt: skip
+_LAST_SEGMENTS = [
+    *("acquire", "renew", "release", "force-release", "acquire/", "Acquire", ""),
+    *("heartbeat", "start", "complete", "fail", "abort"),
+]
 # Mostly near misses of a command path (each part right or not), some anything at all.
 _COMMAND_LIKE = st.tuples(
     st.sampled_from(["v1", "v2", ""]),
-    st.sampled_from(["locks", "noop", "noopish", "lock"]),
-    st.lists(_SEGMENTS, min_size=0, max_size=2),
-    st.sampled_from(["acquire", "renew", "release", "force-release", "acquire/", "Acquire", ""]),
+    st.sampled_from(["locks", "noop", "noopish", "lock", "sagas"]),
+    st.lists(_SEGMENTS, min_size=0, max_size=3),
+    st.sampled_from(_LAST_SEGMENTS),
 ).map(lambda parts: "/".join(["", parts[0], parts[1], *parts[2], parts[3]]))
 _PATHS = st.one_of(
     _COMMAND_LIKE, st.lists(_SEGMENTS, min_size=1, max_size=5).map(lambda parts: "/" + "/".join(parts))
@@ -96,13 +101,17 @@ def test_it_takes_exactly_what_the_router_gives_a_command_route(
 
 
 def test_every_command_route_is_served_by_it(fast_path: CommandFastPath) -> None:
-    for route in [*commands.router.routes, *noop.router.routes]:
+    """Lock commands, their no-op twin and saga transitions alike."""
+    sent = {"resource": "zone:A3", "saga_id": "saga-1", "step": "pick"}
+    for route in [*commands.router.routes, *noop.router.routes, *sagas.commands.routes]:
         assert isinstance(route, CommandRoute)
-        path = route.path.replace("{resource}", "zone:A3")
+        path = route.path
+        for name, text in sent.items():
+            path = path.replace(f"{{{name}}}", text)
         selected = fast_path.select(http_scope("POST", path))
         assert selected is not None
         assert selected[0].endpoint is route.endpoint
-        assert selected[1] == {"resource": "zone:A3"}
+        assert selected[1] == {name: sent[name] for name in route.param_convertors}
 
 
 def test_with_opentelemetry_on_the_router_serves_commands() -> None:

@@ -30,14 +30,19 @@ PROBLEM_JSON = "application/problem+json"
 GENEROUS_S = 10.0  # a bound on waits that should end much sooner, never an expectation
 
 
+BIG = 4 * 1024 * 1024  # /big's body: more than a connection's write buffer and socket buffers hold
+
+
 class App:
-    """``/fast`` answers at once, ``/echo`` with its body, ``/hold`` once released; WebSockets are
+    """``/fast`` answers at once, ``/echo`` with its body, ``/hold`` once released, ``/big`` with
+    ``BIG`` bytes, ``/endless`` with a body that never ends until the client is gone; WebSockets are
     refused. Counts what the tests look at."""
 
     def __init__(self) -> None:
         self.holding = 0
         self.reading = 0  # /echo requests begun
         self.disconnects = 0  # /echo requests whose body never came: the app heard http.disconnect
+        self.streams_ended = 0  # /endless responses that ended because the client was gone
         self.release = threading.Event()
 
     async def __call__(
@@ -51,7 +56,12 @@ class App:
             await send({"type": "websocket.close"})
             return
         body = b"ok"
-        if scope["path"] == "/echo":
+        if scope["path"] == "/endless":
+            await self._endless(receive, send)
+            return
+        if scope["path"] == "/big":
+            body = b"x" * BIG
+        elif scope["path"] == "/echo":
             self.reading += 1
             body = b""
             while True:
@@ -70,12 +80,31 @@ class App:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
+    async def _endless(
+        self,
+        receive: Callable[[], Awaitable[dict[str, Any]]],
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        async def disconnected() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        gone = asyncio.ensure_future(disconnected())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        while not gone.done():
+            await send({"type": "http.response.body", "body": b"x" * 65_536, "more_body": True})
+            await asyncio.sleep(0)  # a send to a lost connection returns at once
+        self.streams_ended += 1
+
 
 def guarded(
-    head_timeout_s: float = 30.0, body_timeout_s: float = 30.0, max_connections: int = 1_000
+    head_timeout_s: float = 30.0,
+    body_timeout_s: float = 30.0,
+    max_connections: int = 1_000,
+    write_timeout_s: float = 30.0,
 ) -> type[GuardedHttpToolsProtocol]:
     """The protocol with its limits given here instead of read from the environment."""
-    limits = ServingLimits(head_timeout_s, body_timeout_s, max_connections)
+    limits = ServingLimits(head_timeout_s, body_timeout_s, max_connections, write_timeout_s)
     return type("Guarded", (GuardedHttpToolsProtocol,), {"limits": limits})
 
 
@@ -118,6 +147,28 @@ class Answer:
 
 def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=GENEROUS_S)
+
+
+def connect_small_window(port: int) -> socket.socket:
+    """A connection whose receive buffer (so its TCP window) is 4 KiB: a server's writes back up soon."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(GENEROUS_S)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def reset(sock: socket.socket) -> bool:
+    """The server reset the connection (whatever it had sent before is read and ignored); False when it
+    closed it in order or the read timed out."""
+    try:
+        while sock.recv(65_536):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return False
 
 
 def read_answer(sock: socket.socket) -> Answer:
@@ -220,6 +271,9 @@ def test_uvicorn_calls_every_override() -> None:
                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
             )
             assert read_answer(sock).status == 403  # handle_websocket_upgrade; the app refused it
+        with connect_small_window(port) as sock:
+            sock.sendall(get("/big"))  # more than the write buffer holds: pause_writing
+            assert len(read_answer(sock).body) == BIG  # taken: resume_writing
         idle_at_shutdown.sendall(get())
         assert read_answer(idle_at_shutdown).status == 200
     # Leaving ``serving`` stopped the server with a connection open: shutdown.
@@ -354,6 +408,39 @@ def test_timeouts_are_logged_once_per_window_and_counted() -> None:
         assert len(logged()) < 12
         assert all(entry["log_level"] == "warning" for entry in logged())
     assert closed_total() - before == 12
+
+
+# --- the write deadline ---------------------------------------------------------------------------------
+
+
+def test_a_client_that_does_not_take_its_response_is_cut_and_logged_once() -> None:
+    def closed_total() -> float:
+        labels = {"reason": "write_timeout"}
+        return REGISTRY.get_sample_value("lockledger_http_connections_closed_total", labels) or 0.0
+
+    app = App()
+    before = closed_total()
+    with capture_logs() as logs, serving(guarded(write_timeout_s=0.3), app) as port:
+        sock = connect_small_window(port)
+        sock.sendall(get("/endless"))  # and never read
+        wait_for(lambda: app.streams_ended == 1, "the app was not told that the client is gone")
+        assert reset(sock)  # SO_LINGER 0: nothing more is sent, nothing kept for it
+        sock.close()
+        assert served(port)
+    cut = [entry for entry in logs if entry.get("reason") == "write_timeout"]
+    assert len(cut) == 1, logs
+    assert cut[0]["path"] == "/endless"
+    assert cut[0]["log_level"] == "warning"
+    assert closed_total() - before == 1
+
+
+def test_a_slow_client_that_takes_its_response_is_not_cut() -> None:
+    app = App()
+    with serving(guarded(write_timeout_s=0.3), app) as port, connect_small_window(port) as sock:
+        sock.sendall(get("/big"))
+        time.sleep(0.1)  # the write buffer fills; the deadline is armed
+        body = read_answer(sock).body  # drains it again and again, each time within the deadline
+        assert len(body) == BIG
 
 
 # --- the connection cap ----------------------------------------------------------------------------------

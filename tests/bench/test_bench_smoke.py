@@ -24,7 +24,7 @@ from bench.runner import run
 from bench.server import LockledgerServer
 from bench.targets.redis_lock import redis_answers
 
-pytestmark = pytest.mark.storage
+pytestmark = [pytest.mark.storage, pytest.mark.slow]
 
 CELL_KEYS = {
     "type", "target", "mode", "resources", "workers", "server_workers", "renews", "duration_s",

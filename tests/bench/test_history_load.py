@@ -40,9 +40,10 @@ from eventstore.verify import verify_chains
 from migrations.upgrade import upgrade
 from projections.rebuild import rebuild_lock_state
 from projections.schema import lock_state_from_row
+from service.composition import lock_service_on_pool
 from service.config import Settings
 from service.database import create_pool
-from service.lock_service import CommandContext, LockService
+from service.lock_service import CommandContext
 from service.outcomes import Granted
 
 pytestmark = pytest.mark.storage
@@ -218,7 +219,7 @@ async def test_the_service_carries_on_from_the_loaded_log(loaded: tuple[str, Loa
                 "SELECT resource, version FROM lock_state ORDER BY version DESC LIMIT 1"
             )
         assert head is not None
-        service = LockService.on_pool(pool, settings.ttl_bounds)
+        service = lock_service_on_pool(pool, settings.ttl_bounds)
         owner = SHAPE.agent(0)
         result = await service.execute(
             Acquire(head["resource"], owner, 30_000), CommandContext(principal=owner)

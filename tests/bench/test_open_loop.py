@@ -132,6 +132,7 @@ def test_the_rate_must_be_positive() -> None:
 
 
 @pytest.mark.storage
+@pytest.mark.slow
 def test_lockledger_keeps_an_offered_rate(database_url: str, tmp_path: Path) -> None:
     """Through the real server: 8 agents offered 100 attempts per second together do about 100."""
     config = BenchConfig(

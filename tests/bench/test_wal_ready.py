@@ -20,6 +20,8 @@ from eventstore import embedded
 from eventstore.dburl import asyncpg_dsn
 from eventstore.embedded import start
 
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # an embedded cluster of its own
+
 
 @pytest.fixture(scope="module")
 def fresh_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

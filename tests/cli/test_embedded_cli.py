@@ -165,7 +165,7 @@ def test_reaper_runs_on_the_embedded_server_and_stops_it(
     with log.open("wb") as stderr:
         reaper = subprocess.Popen(
             [sys.executable, "-m", "api.cli", "reaper", "--data-dir", str(data_dir)],
-            env=ENV, stdout=subprocess.DEVNULL, stderr=stderr,
+            env={**ENV, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -182,7 +182,14 @@ def test_reaper_runs_on_the_embedded_server_and_stops_it(
         assert reaper.poll() is None
 
         reaper.send_signal(stop)
-        assert reaper.wait(timeout=30) == status
+        try:
+            assert reaper.wait(timeout=30) == status
+        except subprocess.TimeoutExpired:
+            # It has hung here, rarely and only in whole CI runs: SIGABRT makes faulthandler write every
+            # thread's stack to its log, for the failure to show where.
+            reaper.send_signal(signal.SIGABRT)
+            reaper.wait(10)
+            pytest.fail(f"the reaper did not stop within 30 s of {stop.name}:\n{log.read_text()[-6000:]}")
         assert "Traceback" not in log.read_text()
     finally:
         if reaper.poll() is None:

@@ -197,6 +197,12 @@ def test_other_failures_are_one_line(scene: Scene) -> None:
     assert "future" in future
     naive = _one_line_error(lockledger("replay", "--at", "2026-05-05T09:30:00", url=scene.url), status=2)
     assert "offset" in naive
+    before_year_1 = lockledger(
+        "history", "--agent", "a", "--from", "0001-01-01T00:00:00+14:00", url=scene.url
+    )
+    assert "outside years 1 to 9999" in _one_line_error(before_year_1, status=2)
+    too_fine = lockledger("replay", "--at", "2026-05-05T09:30:00.1234567Z", url=scene.url)
+    assert "fractional digits" in _one_line_error(too_fine, status=2)
     nobody = f"http://127.0.0.1:{free_port()}"
     unreachable = _one_line_error(lockledger("export", url=nobody, token=scene.investigator))
     assert f"cannot reach the server at {nobody}" in unreachable
@@ -209,9 +215,11 @@ def test_other_failures_are_one_line(scene: Scene) -> None:
 def server_commands() -> list[str]:
     """What the root project registers in the `lockledger.cli` entry point group, as `module:function`."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    assert "scripts" not in project  # the console script is the SDK's alone
+    # The server's distribution carries the SDK, and with it the SDK's console script, the same one.
+    sdk = tomllib.loads((ROOT / "lockledger" / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["scripts"] == sdk["scripts"] == {"lockledger": "lockledger.cli:main"}
     declared = list(project["entry-points"]["lockledger.cli"].values())
-    assert declared == ["api.cli:register"]
+    assert declared == ["api.cli:register", "lockledger.simulate.cli:register"]
     return declared
 
 
@@ -222,7 +230,7 @@ def test_the_server_commands_join_the_sdks_command(
     it is named on stderr, and every other command still comes)."""
     from lockledger import cli
 
-    declared = [EntryPoint("server", value, cli.ENTRY_POINT_GROUP) for value in server_commands]
+    declared = [EntryPoint(value.split(".")[0], value, cli.ENTRY_POINT_GROUP) for value in server_commands]
     broken = EntryPoint("broken", "no_such_module_here:register", cli.ENTRY_POINT_GROUP)
     monkeypatch.setattr(
         cli, "entry_points", lambda group: [*declared, broken] if group == cli.ENTRY_POINT_GROUP else []
@@ -235,6 +243,7 @@ def test_the_server_commands_join_the_sdks_command(
     names |= {g.name or "" for g in app.registered_groups}
     assert {"replay", "history", "export"} <= names
     assert {"serve", "migrate", "reaper", "rebuild", "verify", "tokens", "psql", "database-url"} <= names
+    assert "simulate" in names  # the simulator's, carried by the server's distribution
 
 
 def test_the_help_lists_client_and_server_commands() -> None:

@@ -231,3 +231,27 @@ def test_tokens_command_runs_as_printed(served: str, fresh_checkout: Path) -> No
     assert result.returncode == 0, result.stderr
     token = result.stdout.strip()
     assert token.startswith("llt_")
+
+
+def test_make_run_prints_the_dashboards_url(served: str, fresh_checkout: Path) -> None:
+    """The README sends a new user to the dashboard; `make run` says where it is."""
+    printed = (fresh_checkout / "make-run.log").read_text(errors="replace")
+    assert re.search(rf"Dashboard:\s+{re.escape(served)}/\s", printed), printed[-2000:]
+    page = httpx.get(f"{served}/", timeout=5, follow_redirects=True)
+    assert page.text.lstrip().lower().startswith("<!doctype html>")
+
+
+def test_run_from_the_clones_parent_the_sdk_is_not_shadowed(served: str, fresh_checkout: Path) -> None:
+    """The clone is a folder named `lockledger`: a script run from its parent has that folder (no
+    `__init__.py`) as a namespace package on its path, which must not win over the installed SDK."""
+    assert fresh_checkout.name == "lockledger"
+    python = fresh_checkout / ".venv" / "bin" / "python"
+    found = subprocess.run(
+        [str(python), "-c", "import lockledger; print(lockledger.__file__, lockledger.AsyncClient.__name__)"],
+        cwd=fresh_checkout.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == [str(fresh_checkout / "lockledger" / "__init__.py"), "AsyncClient"]

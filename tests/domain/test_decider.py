@@ -29,6 +29,7 @@ from domain.events import (
 )
 from domain.resource import TtlBounds
 from domain.state import LockState, initial_state, is_expired
+from domain.timestamps import format_timestamp
 
 RES = "pallet:42"
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -565,17 +566,22 @@ def test_event_payload_is_json_serializable_and_round_trips_through_json() -> No
 
 
 def test_event_payload_fields() -> None:
+    # The deadline in the answers' one shape (RFC 3339, UTC, microseconds, Z): the export prints it as stored.
     assert event_payload(LockAcquired(RES, "a", 1, TTL, T0)) == {
         "owner": "a",
         "fencing_token": 1,
-        "expires_at": T0.isoformat(),
+        "expires_at": format_timestamp(T0),
         "ttl_ms": TTL,
     }
+    assert format_timestamp(T0).endswith("Z")
     assert event_payload(LockReleased(RES, "a", 1, T0)) == {
         "owner": "a",
         "fencing_token": 1,
-        "expires_at": T0.isoformat(),
+        "expires_at": format_timestamp(T0),
     }
+    # Events written before the shape was Z (``+00:00``) still read back.
+    old = {"owner": "a", "fencing_token": 1, "expires_at": T0.isoformat()}
+    assert event_from_payload(RES, "LOCK_RELEASED", old) == LockReleased(RES, "a", 1, T0)
     assert event_payload(LockForceReleased(RES, "a", 1, T0, "ops"))["reason"] == "ops"
 
 

@@ -10,6 +10,9 @@ nothing.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -19,10 +22,13 @@ from domain.saga import (
     COMPENSATION_COMPLETED,
     COMPENSATION_FAILED,
     COMPENSATION_STARTED,
+    LAPSE_REASON,
     MAX_COMPENSATION_FAILURES,
     SAGA_ABORT_REQUESTED,
     SAGA_ABORTED,
     SAGA_COMPLETED,
+    SAGA_LEASE_EXPIRED,
+    SAGA_LEASE_RENEWED,
     SAGA_STUCK,
     STEP_COMPLETED,
     STEP_FAILED,
@@ -32,11 +38,15 @@ from domain.saga import (
     CompleteCompensation,
     CompleteSaga,
     CompleteStep,
+    ExpireSagaLease,
     FailCompensation,
     FailStep,
+    Policy,
+    RenewSagaLease,
     SagaCommand,
     SagaConflict,
     SagaEvent,
+    SagaLeaseExtended,
     SagaNotFound,
     SagaState,
     StartCompensation,
@@ -55,6 +65,8 @@ SAGA = "s-1"
 steps = st.sampled_from(STEPS)
 reasons = st.sampled_from(("motor", "blocked", "timeout"))
 results = st.sampled_from((None, '{"bin": 4}', '{"bin": 5}'))
+policies = st.sampled_from(("compensate", "forward"))
+DEADLINE = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 
 
 def _step_of(event: SagaEvent) -> str | None:
@@ -70,9 +82,10 @@ class SagaMachine(RuleBasedStateMachine):
             SAGA, "move pallet", "agv-1", tuple(StepDef(s, (f"r:{s}",)) for s in STEPS)
         )
 
-    @initialize(count=st.integers(min_value=3, max_value=len(STEPS)))
-    def start(self, count: int) -> None:
-        with_steps = StartSaga(SAGA, "move pallet", "agv-1", self.definition.steps[:count])
+    @initialize(count=st.integers(min_value=3, max_value=len(STEPS)), policy=policies)
+    def start(self, count: int, policy: Policy) -> None:
+        steps = self.definition.steps[:count]
+        with_steps = StartSaga(SAGA, "move pallet", "agv-1", steps, policy, lease_ms=5000)
         self.definition = with_steps
         self._send(with_steps)
 
@@ -92,7 +105,9 @@ class SagaMachine(RuleBasedStateMachine):
         assert self.state.version == before.version + len(events)
         if before.status in TERMINAL:
             assert events == [], "a terminal saga moved"
-        if not isinstance(command, FailCompensation) or self.state.status == "stuck":
+        if isinstance(command, RenewSagaLease):
+            assert [e.type for e in events] == [SAGA_LEASE_RENEWED]  # every heartbeat renews
+        elif not isinstance(command, FailCompensation) or self.state.status == "stuck":
             # The same transition again, now that it happened, changes nothing.
             assert decide(self.state, command) == []
         return events
@@ -130,6 +145,27 @@ class SagaMachine(RuleBasedStateMachine):
     @rule(reason=reasons)
     def abort(self, reason: str) -> None:
         self._send(AbortSaga(SAGA, reason, "admin"))
+
+    @rule()
+    def heartbeat(self) -> None:
+        self._send(RenewSagaLease(SAGA))
+
+    @rule(late=st.booleans())
+    def reaper_finds_the_lease(self, late: bool) -> None:
+        """The head as loaded carries the stamped deadline; the reaper's clock is before it or past it."""
+        loaded = replace(self.state, lease_expires_at=DEADLINE)
+        now = DEADLINE + timedelta(milliseconds=1 if late else -1)
+        events = decide(loaded, ExpireSagaLease(SAGA, now))
+        if not late or self.state.status in TERMINAL:
+            assert events == []
+        else:
+            assert events[0].type == SAGA_LEASE_EXPIRED
+        self.state = fold(self.state, events)
+        self.log.extend(events)
+        if self.state.status not in TERMINAL:
+            assert self.state.status == "compensating" or self.state.policy == "forward" or not events
+        # The append stamps a new deadline: the same command on the state as folded changes nothing.
+        assert decide(self.state, ExpireSagaLease(SAGA, now)) == []
 
     @rule()
     def start_again(self) -> None:
@@ -221,13 +257,20 @@ class SagaMachine(RuleBasedStateMachine):
         assert ends == [] or ends == [len(self.log) - 1]
 
     @invariant()
-    def stuck_exactly_at_the_fifth_failure_of_one_compensation(self) -> None:
+    def stuck_exactly_at_the_fifth_failure_of_one_compensation_or_the_second_lapse(self) -> None:
         failures: dict[str | None, int] = {}
+        lapses_in_a_row = 0
         for event in self.log:
             if event.type == COMPENSATION_FAILED:
                 failures[_step_of(event)] = failures.get(_step_of(event), 0) + 1
+            if event.type == SAGA_LEASE_RENEWED:
+                lapses_in_a_row = 0
+            if event.type == SAGA_LEASE_EXPIRED:
+                lapses_in_a_row += 1
+                assert getattr(event, "lapses", None) == lapses_in_a_row
         stuck = self.state.status == "stuck"
-        assert stuck == any(count >= MAX_COMPENSATION_FAILURES for count in failures.values())
+        worn_out = any(count >= MAX_COMPENSATION_FAILURES for count in failures.values())
+        assert stuck == (worn_out or lapses_in_a_row == 2)
         assert all(count <= MAX_COMPENSATION_FAILURES for count in failures.values())
 
     @invariant()
@@ -265,3 +308,84 @@ def test_a_failed_first_step_aborts_at_once_and_a_late_step_is_compensated() -> 
     other = fold(other, decide(other, StartStep("s", "a")))
     events = decide(other, FailStep("s", "a", "motor"))
     assert [e.type for e in events] == [STEP_FAILED, SAGA_ABORTED]
+
+
+def _started(policy: Policy = "compensate") -> SagaState:
+    start = StartSaga("s", "n", "o", (StepDef("a", ()), StepDef("b", ())), policy, lease_ms=3000)
+    return fold(initial_saga("s"), decide(initial_saga("s"), start))
+
+
+def _lapse(state: SagaState, late_ms: int = 1) -> list[SagaEvent]:
+    loaded = replace(state, lease_expires_at=DEADLINE)
+    return decide(loaded, ExpireSagaLease("s", DEADLINE + timedelta(milliseconds=late_ms)))
+
+
+def test_a_live_lease_does_not_lapse_and_the_deadline_itself_does() -> None:
+    state = _started()
+    assert _lapse(state, late_ms=-1) == []
+    assert [e.type for e in _lapse(state, late_ms=0)] == [
+        SAGA_LEASE_EXPIRED,
+        SAGA_ABORT_REQUESTED,
+        SAGA_ABORTED,
+    ]
+    assert decide(state, ExpireSagaLease("s", DEADLINE)) == []  # no deadline stamped: nothing known to pass
+
+
+def test_a_lapse_fails_the_running_step_and_compensates_the_completed_ones() -> None:
+    state = _started()
+    for command in (StartStep("s", "a"), CompleteStep("s", "a", '{"x": 1}'), StartStep("s", "b")):
+        state = fold(state, decide(state, command))
+    events = _lapse(state)
+    assert [e.type for e in events] == [SAGA_LEASE_EXPIRED, STEP_FAILED]
+    state = fold(state, events)
+    assert (state.status, state.expected_step(), state.lease_lapsed) == ("compensating", "a", True)
+    failed = state.step("b")
+    assert failed is not None
+    assert failed.error == LAPSE_REASON
+    # Nobody compensates: the second lapse makes it stuck, naming the step left to compensate.
+    events = _lapse(state)
+    assert [e.type for e in events] == [SAGA_LEASE_EXPIRED, SAGA_STUCK]
+    assert fold(state, events).status == "stuck"
+    assert getattr(events[1], "step", None) == "a"
+
+
+def test_a_heartbeat_after_a_lapse_gives_the_saga_another_lease() -> None:
+    state = _started("forward")
+    state = fold(state, decide(state, StartStep("s", "a")))
+    events = _lapse(state)
+    assert [e.type for e in events] == [SAGA_LEASE_EXPIRED]  # forward: only an orchestrator can go on
+    state = fold(state, events)
+    assert (state.status, state.step("a").status) == ("running", "running")  # type: ignore[union-attr]
+    state = fold(state, decide(state, RenewSagaLease("s")))
+    assert not state.lease_lapsed
+    assert [e.type for e in _lapse(state)] == [SAGA_LEASE_EXPIRED]  # a first lapse again, not stuck
+
+
+def test_a_lapse_completes_a_saga_whose_steps_all_completed_and_leaves_an_ended_one_alone() -> None:
+    state = _started()
+    for command in (StartStep("s", "a"), CompleteStep("s", "a"), StartStep("s", "b"), CompleteStep("s", "b")):
+        state = fold(state, decide(state, command))
+    events = _lapse(state)
+    assert [e.type for e in events] == [SAGA_LEASE_EXPIRED, SAGA_COMPLETED]
+    state = fold(state, events)
+    assert _lapse(state) == []
+    with pytest.raises(SagaConflict):
+        decide(state, RenewSagaLease("s"))
+
+
+def test_the_lease_is_not_part_of_the_definition() -> None:
+    state = _started()
+    again = StartSaga("s", "n", "o", (StepDef("a", ()), StepDef("b", ())), "compensate", lease_ms=9000)
+    assert decide(state, again) == []
+    assert state.lease_ms == 3000
+
+
+def test_an_extension_after_an_outage_is_no_heartbeat() -> None:
+    """The server starts the lease again after an outage; a lapse recorded before stays recorded, so the
+    next lapse with nobody heartbeating still makes the saga stuck."""
+    state = _started("forward")
+    state = fold(state, _lapse(state))
+    extended = evolve(state, SagaLeaseExtended())
+    assert extended.version == state.version + 1
+    assert extended.lease_lapsed
+    assert [e.type for e in _lapse(extended)] == [SAGA_LEASE_EXPIRED, SAGA_STUCK]

@@ -19,9 +19,11 @@ fails when it should; :func:`audit` is the database half that loads those record
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 import asyncpg
+import httpx
 
 from domain.events import (
     LOCK_ACQUIRED,
@@ -192,6 +195,24 @@ class EventRecord:
         value = self.metadata.get("idempotency_key")
         return None if value is None else str(value)
 
+    @property
+    def outage(self) -> Outage | None:
+        """The outage this event extended the lease for (a LOCK_RENEWED by lockledger), else None."""
+        if self.event_type != LOCK_RENEWED or self.metadata.get("command") != "extend":
+            return None
+        return Outage(
+            datetime.fromisoformat(str(self.metadata["outage_from"])),
+            datetime.fromisoformat(str(self.metadata["outage_to"])),
+        )
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A gap in the service's beacon, as an extension event states it (database time)."""
+
+    began: datetime
+    ended: datetime
+
 
 @dataclass(frozen=True)
 class LockStateRecord:
@@ -241,6 +262,9 @@ def check(
       or expiry of a lease that is not the live one), ``resurrected`` (renewed or released at or after
       its deadline), ``expired_early``, and ``overlap``: two leases overlapping in database time, a lease
       lasting from its LOCK_ACQUIRED to its release, or to its last deadline if it lapsed or is still held;
+    - after an outage (docs/semantics.md, "Outages"), read from the extension events themselves:
+      ``bad_extension`` (a lease extended that was not live when the outage began, or by other than the
+      outage's length) and ``lapsed_in_outage`` (a lease live when an outage began, not extended by it);
     - per Idempotency-Key: ``lost_ack`` (a 2xx whose command is not in the log), ``ack_mismatch`` (in the
       log, but not as acknowledged: type, resource, owner, token, deadline), ``duplicate`` (a key applied
       more than once), ``partial_command``, ``phantom`` (applied although every request was refused),
@@ -251,10 +275,12 @@ def check(
     streams: dict[str, list[EventRecord]] = defaultdict(list)
     for event in events:
         streams[event.resource].append(event)
+    outages = {outage for event in events if (outage := event.outage) is not None}
     violations: list[Violation] = []
     for resource, stream in sorted(streams.items()):
         stream.sort(key=lambda e: e.version)
         violations += _check_stream(resource, stream)
+        violations += _check_outages(resource, stream, outages)
     violations += _check_keys(operations, events)
     violations += _check_real_time_order(operations, events)
     if lock_states is not None:
@@ -318,7 +344,13 @@ def _check_stream(resource: str, stream: list[EventRecord]) -> list[Violation]:
             )
             continue
         deadline = current.deadline
-        if event.event_type == LOCK_RENEWED:
+        if (outage := event.outage) is not None:
+            if deadline is None or deadline <= outage.began:
+                flag("bad_extension", f"{label}: deadline {deadline} had passed when the outage began")
+            elif event.expires_at != deadline + (outage.ended - outage.began):
+                flag("bad_extension", f"{label}: {deadline} moved to {event.expires_at}, not by the outage")
+            current.deadline = event.expires_at
+        elif event.event_type == LOCK_RENEWED:
             if deadline is not None and event.recorded_at >= deadline:
                 flag("resurrected", f"{label} at {event.recorded_at}, after the deadline {deadline}")
             current.deadline = event.expires_at
@@ -346,6 +378,36 @@ def _check_stream(resource: str, stream: list[EventRecord]) -> list[Violation]:
             )
         if lease.end is not None and (latest is None or latest.end is None or lease.end > latest.end):
             latest = lease
+    return found
+
+
+def _check_outages(resource: str, stream: list[EventRecord], outages: set[Outage]) -> list[Violation]:
+    """Every lease live when an outage began (granted before it, deadline after it, not ended before it
+    ended) is extended by that outage's extension event."""
+    found: list[Violation] = []
+    for outage in sorted(outages, key=lambda o: o.began):
+        holder: EventRecord | None = None  # the last grant of the live lease before the outage ended
+        extended = False
+        for event in stream:
+            if event.recorded_at >= outage.ended and event.outage != outage:
+                break
+            if event.outage == outage:
+                extended = True
+            elif event.event_type in _GRANTS:
+                holder = event
+            elif event.event_type in _ENDS:
+                holder = None
+        live = holder is not None and holder.expires_at is not None and holder.expires_at > outage.began
+        if live and not extended:
+            assert holder is not None
+            found.append(
+                Violation(
+                    "lapsed_in_outage",
+                    resource,
+                    f"token {holder.fencing_token} with deadline {holder.expires_at} was live when the"
+                    f" outage of {outage.began}..{outage.ended} began, and not extended by it",
+                )
+            )
     return found
 
 
@@ -574,7 +636,7 @@ class Audit:
     """What the checker read and concluded."""
 
     events: list[EventRecord]
-    chains: VerifyReport
+    chains: VerifyReport | None  # None when read through the API (``lockledger verify`` checks them)
     violations: list[Violation]
 
 
@@ -610,3 +672,74 @@ async def audit_database(database_url: str, prefix: str, operations: Iterable[Op
         return await audit(conn, prefix, operations)
     finally:
         await conn.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The HTTP half: the history as the API exports it
+# --------------------------------------------------------------------------------------------------
+
+
+def event_from_export(line: Mapping[str, Any]) -> EventRecord:
+    """One line of the NDJSON export (GET /v1/events) as the checker's record."""
+    data = line["data"]
+    expires_at = data.get("expires_at")
+    return EventRecord(
+        resource=line["stream"],
+        version=line["version"],
+        event_type=line["type"],
+        owner=data.get("owner"),
+        fencing_token=data.get("fencing_token"),
+        expires_at=datetime.fromisoformat(expires_at) if expires_at else None,
+        recorded_at=datetime.fromisoformat(line["recorded_at"]),
+        metadata=line.get("metadata") or {},
+    )
+
+
+async def read_export(client: httpx.AsyncClient, prefix: str) -> list[EventRecord]:
+    """Every event of the resources under ``prefix``, through the API's export (one snapshot)."""
+    response = await client.get("/v1/events", params={"prefix": prefix})
+    response.raise_for_status()
+    return [event_from_export(json.loads(line)) for line in response.text.splitlines() if line.strip()]
+
+
+async def audit_http(base_url: str, prefix: str, history: History, settle_s: float = 30.0) -> Audit:
+    """:func:`check` over the history as the API tells it, not as the database holds it: the export of
+    every event under ``prefix`` (GET /v1/events, which may be served by a standby).
+
+    A standby may lag, so first a *fence* goes through the API: one more acquire, under the prefix and
+    recorded in ``history`` like any command, sent once the load has stopped. An export that shows it was
+    read after every command acknowledged before it (a standby replays commits in order), so the export
+    is read until it does. Chains and the projection are not checked here: ``lockledger verify`` proves
+    the chains, and the projection is the implementation's business."""
+    fence = f"{prefix}fence"
+    key = str(uuid.uuid4())
+    body = {"owner": "auditor", "ttl_ms": 1_000}
+    async with httpx.AsyncClient(base_url=base_url, timeout=10.0) as client:
+        deadline = time.monotonic() + settle_s
+        while True:  # the fence itself may meet an outage's tail: retried under its key
+            operation = history.invoke(
+                client="auditor", command="acquire", resource=fence, body=body, key=key
+            )
+            try:
+                response = await client.post(
+                    f"/v1/locks/{fence}/acquire", json=body, headers={"Idempotency-Key": key}
+                )
+            except httpx.TransportError as error:
+                history.lose(operation, type(error).__name__)
+            else:
+                replayed = response.headers.get("Idempotent-Replayed") == "true"
+                history.respond(operation, response.status_code, response.json(), replayed=replayed)
+                if operation.ok or operation.failed:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the fence acquire on {fence} was never answered")
+            await asyncio.sleep(0.5)
+        assert operation.ok, f"the fence acquire on {fence} was refused: {operation.code}"
+        while True:
+            events = await read_export(client, prefix)
+            if any(event.key == key for event in events):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the export never showed the fence on {fence}")
+            await asyncio.sleep(0.2)
+    return Audit(events, None, check(history.operations, events))

@@ -75,8 +75,10 @@ class Load:
         history: History,
         profile: LoadProfile | None = None,
         seed: int = 0,
+        agents: str = "agent",
     ) -> None:
         self.base_url = base_url
+        self.agents = agents  # the owners' prefix: loads sharing resources through two servers differ
         self.resources = resources
         self.history = history
         self.profile = profile or LoadProfile()
@@ -136,7 +138,7 @@ class Load:
 
     async def _client(self, number: int) -> None:
         rng = random.Random(self.seed * 1_000 + number)
-        owner = f"agent{number:02d}"
+        owner = f"{self.agents}{number:02d}"
         profile = self.profile
         while not self._stopping.is_set():
             resource = rng.choice(self.resources)

@@ -67,7 +67,7 @@ class ReaperProcess:
 
     @property
     def reaper_ids(self) -> set[str]:
-        """The ids the reapers wrote into LOCK_EXPIRED metadata (``service.reaper.default_reaper_id``)."""
+        """The ids the reapers wrote into LOCK_EXPIRED metadata (``service.outage.instance_id``)."""
         return {f"{socket.gethostname()}:{pid}" for pid in self.pids}
 
 

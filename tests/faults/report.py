@@ -7,7 +7,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -81,11 +81,17 @@ async def conclude(
     history: History,
     started_mono: float,
     notes_from: Callable[[Audit], dict[str, Any]] | None = None,
+    audit_with: Callable[[], Awaitable[Audit]] | None = None,
     **notes: Any,
 ) -> Audit:
     """Audit the log against the history, publish the scenario's line (with ``notes`` and whatever
-    ``notes_from`` finds in the audit), and return the audit for the scenario to assert on."""
-    audit = await audit_database(database_url, prefix, history.operations)
+    ``notes_from`` finds in the audit), and return the audit for the scenario to assert on. The log is
+    read from ``database_url`` unless ``audit_with`` reads it otherwise (history.audit_http: through the
+    API)."""
+    if audit_with is not None:
+        audit = await audit_with()
+    else:
+        audit = await audit_database(database_url, prefix, history.operations)
     if notes_from is not None:
         notes.update(notes_from(audit))
     publish(summarize(scenario, history, audit, time.monotonic() - started_mono, **notes))

@@ -420,12 +420,12 @@ async def audit_sagas(load: SagaLoad, database_url: str) -> SagaAudit:
                     violations.append(f"{saga}: never recorded, yet the orchestrator saw it run")
         for o in load.orchestrators:
             for status in ("running", "compensating", "stuck"):
-                page = await client._http.get("/v1/sagas", params={"owner": o.agent, "status": status})
-                left = [item["saga_id"] for item in page.raise_for_status().json()["items"]]
+                page = await client.request("GET", "/v1/sagas", params={"owner": o.agent, "status": status})
+                left = [item["saga_id"] for item in page.data["items"]]
                 if left:
                     violations.append(f"{o.agent}: sagas left {status}: {left}")
-        page = await client._http.get("/v1/locks", params={"prefix": load.prefix, "limit": 1000})
-        leases = page.raise_for_status().json()["items"]
+        page = await client.request("GET", "/v1/locks", params={"prefix": load.prefix, "limit": 1000})
+        leases = page.data["items"]
     held = [lease["resource"] for lease in leases]
     for lease in leases:
         tagged = {k: lease.get(k) for k in ("owner", "fencing_token", "saga_id", "saga_step", "expires_at")}

@@ -135,6 +135,9 @@ async def test_postgres_frozen(
     assert audit.violations == [], "\n".join(map(str, audit.violations))
     assert len(history.acked) > MIN_ACKED, "the load never got going"
     assert in_the_dark, "no request went unanswered while the database was frozen"
+    # Frozen longer than the service's outage threshold: the leases live when it began were extended
+    # (the checker above holds every one of them to it: no ``lapsed_in_outage``).
+    assert any(event.outage is not None for event in audit.events), "no lease was extended after the outage"
     # The guard's stall watchdog: once a round trip has outlived its timeout, a newcomer is not queued
     # behind the stuck ones but answered 503 at once (the load's own clients are all stuck by then).
     assert all(status == 503 and detail == STALLED for status, detail in probes), probes

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,6 +22,8 @@ from tests.faults.history import (
     Outcome,
     Violation,
     check,
+    event_from_export,
+    event_from_row,
     observations,
 )
 
@@ -90,7 +93,7 @@ class Story:
         self, owner: str, at_s: float, ttl_s: float, *, after_lapse: tuple[str, int] | None = None
     ) -> int:
         """``after_lapse``: the (owner, token) of a lapsed lease that this acquire expires first."""
-        key = f"k{next(self._keys)}"
+        key = f"{self.resource}:k{next(self._keys)}"
         if after_lapse is not None:
             self._event(LOCK_EXPIRED, after_lapse[0], after_lapse[1], at_s, self.deadline, key)
         token = self.version + 1
@@ -102,7 +105,7 @@ class Story:
         return token
 
     def renew(self, owner: str, token: int, at_s: float, ttl_s: float) -> None:
-        key = f"k{next(self._keys)}"
+        key = f"{self.resource}:k{next(self._keys)}"
         self.deadline = at_s + ttl_s
         event = self._event(LOCK_RENEWED, owner, token, at_s, self.deadline, key)
         assert event.expires_at is not None
@@ -110,10 +113,25 @@ class Story:
         self._ack("renew", {"owner": owner, "fencing_token": token}, key, at_s, response)
 
     def release(self, owner: str, token: int, at_s: float) -> None:
-        key = f"k{next(self._keys)}"
+        key = f"{self.resource}:k{next(self._keys)}"
         self._event(LOCK_RELEASED, owner, token, at_s, self.deadline, key)
         response = {"owner": owner, "fencing_token": token, "released": True}
         self._ack("release", {"owner": owner, "fencing_token": token}, key, at_s, response)
+
+    def extend(self, owner: str, token: int, outage: tuple[float, float], by_s: float | None = None) -> None:
+        """lockledger's extension after an outage from ``outage[0]`` to ``outage[1]`` (no request, no
+        key): by the outage's length unless ``by_s`` says otherwise."""
+        began, ended = outage
+        self.deadline += ended - began if by_s is None else by_s
+        event = self._event(LOCK_RENEWED, owner, token, ended, self.deadline, None)
+        self.events[-1] = dataclasses.replace(
+            event,
+            metadata={
+                "command": "extend",
+                "outage_from": at(began).isoformat(),
+                "outage_to": at(ended).isoformat(),
+            },
+        )
 
     def reap(self, owner: str, token: int, at_s: float) -> None:
         """The reaper's LOCK_EXPIRED (no request, no key)."""
@@ -392,3 +410,76 @@ def test_every_generated_fault_is_caught(story: Story, fault: str, data: st.Data
             )
             expected = "overlap"
     assert expected in kinds(story.check())
+
+
+def test_an_extension_after_an_outage_is_no_resurrection() -> None:
+    """A lease whose deadline (3 s) fell in an outage (2 s to 12 s) is extended when it ends, then
+    renewed and released by its holder; the lease that had lapsed before the outage is not extended."""
+    story = Story()
+    a = story.acquire("a", 0.0, 3.0)
+    story.extend("a", a, (2.0, 12.0))
+    story.renew("a", a, 12.5, 3.0)
+    story.release("a", a, 13.0)
+    other = Story("zone:B1")
+    b = other.acquire("b", 0.0, 1.0)
+    other.reap("b", b, 12.1)  # lapsed at 1 s, before the outage: expired after it, as it should be
+    assert check(story.operations + other.operations, story.events + other.events) == []
+
+
+def test_an_extension_of_a_lease_that_had_lapsed_before_the_outage_is_caught() -> None:
+    story = Story()
+    a = story.acquire("a", 0.0, 1.0)  # lapsed at 1 s; the outage began at 2 s
+    story.extend("a", a, (2.0, 12.0))
+    assert "bad_extension" in kinds(story.check())
+
+
+def test_an_extension_by_other_than_the_outage_is_caught() -> None:
+    story = Story()
+    a = story.acquire("a", 0.0, 3.0)
+    story.extend("a", a, (2.0, 12.0), by_s=60.0)
+    assert "bad_extension" in kinds(story.check())
+
+
+def test_a_lease_live_when_an_outage_began_and_not_extended_is_caught() -> None:
+    """Two resources through one outage: a's lease is extended, b's (live too) is expired instead."""
+    story = Story()
+    a = story.acquire("a", 0.0, 3.0)
+    story.extend("a", a, (2.0, 12.0))
+    other = Story("zone:B1")
+    b = other.acquire("b", 0.0, 5.0)
+    other.reap("b", b, 12.1)
+    found = check(story.operations + other.operations, story.events + other.events)
+    assert [v.kind for v in found] == ["lapsed_in_outage"]
+    assert found[0].resource == "zone:B1"
+
+
+def test_an_exported_event_reads_as_the_same_record_as_its_row() -> None:
+    """audit_http reads the log through GET /v1/events: each line must give the checker the record the
+    row gives it, extension metadata included."""
+    data = {"owner": "agv-1", "fencing_token": 3, "expires_at": "2025-01-01T00:00:05.250000+00:00"}
+    metadata = {
+        "command": "extend",
+        "outage_from": "2025-01-01T00:00:01+00:00",
+        "outage_to": "2025-01-01T00:00:04+00:00",
+    }
+    row = {
+        "stream_id": "zone:A1",
+        "stream_version": 4,
+        "event_type": LOCK_RENEWED,
+        "data": json.dumps(data),
+        "metadata": json.dumps(metadata),
+        "recorded_at": at(4),
+    }
+    line = {
+        "position": 17,
+        "stream": "zone:A1",
+        "version": 4,
+        "type": LOCK_RENEWED,
+        "data": data,
+        "metadata": metadata,
+        "recorded_at": "2025-01-01T00:00:04.000000Z",
+        "hash": "00",
+    }
+    exported = event_from_export(line)
+    assert exported == event_from_row(row)
+    assert exported.outage is not None

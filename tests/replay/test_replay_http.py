@@ -143,10 +143,62 @@ async def test_the_history_needs_the_investigator_role(
             assert allowed.status_code == 200, (path, allowed.text)
 
 
-async def test_an_instant_utc_cannot_write_is_before_everything(http: httpx.AsyncClient) -> None:
-    """``0001-01-01T00:00:00+00:01`` is a valid RFC 3339 instant a minute before year 1 in UTC."""
-    answer = await http.get("/v1/replay/state", params={"at": "0001-01-01T00:00:00.0+00:01"})
+# Every endpoint that takes an instant, the parameter, and the other parameters it needs.
+INSTANT_PARAMETERS = [
+    ("/v1/replay/state", "at", {}),
+    ("/v1/replay/changes", "from", {"to": "2026-01-02T00:00:00Z"}),
+    ("/v1/replay/changes", "to", {"from": "0001-01-01T00:00:00Z"}),
+    ("/v1/agents/agv-1/history", "from", {}),
+    ("/v1/agents/agv-1/history", "to", {}),
+    ("/v1/events", "from", {}),
+    ("/v1/events", "to", {}),
+    ("/v1/locks/zone:A3/history", "from", {}),
+    ("/v1/locks/zone:A3/history", "to", {}),
+]
+
+
+@pytest.mark.parametrize(("path", "parameter", "others"), INSTANT_PARAMETERS)
+@pytest.mark.parametrize(
+    ("instant", "why"),
+    [
+        ("0001-01-01T00:00:00+14:00", "outside years 1 to 9999"),  # 0000-12-31T10:00Z
+        ("0001-01-01T00:00:00.0+00:01", "outside years 1 to 9999"),
+        ("9999-12-31T23:59:59.999999-00:01", "outside years 1 to 9999"),
+        ("2026-05-05T09:30:00.1234567Z", "at most 6 fractional digits"),
+        ("2026-05-05T09:30:00.0000001+02:00", "at most 6 fractional digits"),
+    ],
+)
+async def test_an_instant_utc_cannot_write_or_finer_than_a_microsecond_is_422(
+    http: httpx.AsyncClient, path: str, parameter: str, others: dict[str, str], instant: str, why: str
+) -> None:
+    """Like any other instant out of range: not moved to year 1 or 9999, not cut to microseconds."""
+    answer = await http.get(path, params={**others, parameter: instant})
+    problem = assert_problem(answer, 422, "validation_error")
+    assert [error["loc"] for error in problem["errors"]] == [["query", parameter]]
+    assert why in problem["detail"]
+
+
+@pytest.mark.parametrize(("path", "parameter", "others"), INSTANT_PARAMETERS)
+@pytest.mark.parametrize(
+    "instant",
+    ["0001-01-01T00:00:00Z", "0001-01-01T14:00:00+14:00", "2026-01-01T00:00:00.250000000000Z"],
+)
+async def test_the_first_instant_utc_writes_and_zeros_past_the_microsecond_are_taken(
+    http: httpx.AsyncClient, path: str, parameter: str, others: dict[str, str], instant: str
+) -> None:
+    answer = await http.get(path, params={**others, parameter: instant})
     assert answer.status_code == 200, answer.text
-    assert (answer.json()["locks"], answer.json()["position"]) == ([], 0)
-    history = await http.get("/v1/agents/agv-1/history", params={"from": "0001-01-01T00:00:00+00:01"})
-    assert history.status_code == 200, history.text
+    if path == "/v1/replay/state":
+        assert (answer.json()["locks"], answer.json()["position"]) == ([], 0)
+
+
+async def test_the_last_instant_utc_writes_is_taken_where_the_future_is_allowed(
+    http: httpx.AsyncClient,
+) -> None:
+    last = "9999-12-31T23:59:59.999999Z"
+    for path in ("/v1/agents/agv-1/history", "/v1/events", "/v1/locks/zone:A3/history"):
+        answer = await http.get(path, params={"to": last})
+        assert answer.status_code == 200, (path, answer.text)
+    future = await http.get("/v1/replay/state", params={"at": "9999-12-31T09:59:59.999999-14:00"})
+    assert_problem(future, 422, "validation_error")  # in range, but the state of the future is unknown
+    assert "outside years" not in future.json()["detail"]

@@ -1,24 +1,16 @@
-"""The SDK's circuit breaker (lockledger_breaker), driven by a fake clock."""
+"""The SDK's circuit breaker (lockledger_breaker), driven by a fake clock, through the surface its users
+call: ``acquire_permission``, then ``on_success``, ``on_error`` or ``release_permission``."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lockledger_breaker import (
-    BreakerConfig,
-    BreakerMetrics,
-    CircuitBreaker,
-    CircuitOpen,
-    State,
-    StateChange,
-)
+from lockledger_breaker import BreakerConfig, BreakerMetrics, CircuitBreaker, CircuitOpen, State
 
 
 class FakeClock:
@@ -32,9 +24,53 @@ class FakeClock:
         self.now += seconds
 
 
+Transition = tuple[State, State]
+
+
+class Watched(CircuitBreaker):
+    """A breaker that notes each state change its public methods make (the tests' window into it)."""
+
+    def __init__(self, config: BreakerConfig, clock: FakeClock) -> None:
+        super().__init__(config, name="test", clock=clock)
+        self.changes: list[Transition] = []
+
+    def _noting(self, before: State) -> None:
+        if self._state is not before:
+            self.changes.append((before, self._state))
+
+    def acquire_permission(self) -> None:
+        before = self._state
+        try:
+            super().acquire_permission()
+        finally:
+            self._noting(before)
+
+    def on_success(self, duration_s: float) -> None:
+        before = self._state
+        super().on_success(duration_s)
+        self._noting(before)
+
+    def on_error(self, duration_s: float) -> None:
+        before = self._state
+        super().on_error(duration_s)
+        self._noting(before)
+
+    def reset(self) -> None:
+        before = self._state
+        super().reset()
+        self._noting(before)
+
+    @property
+    def state(self) -> State:
+        before = self._state
+        now = super().state
+        self._noting(before)
+        return now
+
+
 def make(
     clock: FakeClock | None = None, **overrides: object
-) -> tuple[CircuitBreaker, FakeClock, list[StateChange]]:
+) -> tuple[CircuitBreaker, FakeClock, list[Transition]]:
     clock = clock if clock is not None else FakeClock()
     base: dict[str, object] = {
         "failure_rate_threshold": 50.0,
@@ -45,10 +81,8 @@ def make(
         "slow_call_duration": 5.0,
     }
     base.update(overrides)
-    breaker = CircuitBreaker(BreakerConfig(**base), name="test", clock=clock)  # type: ignore[arg-type]
-    events: list[StateChange] = []
-    breaker.add_listener(events.append)
-    return breaker, clock, events
+    breaker = Watched(BreakerConfig(**base), clock)  # type: ignore[arg-type]
+    return breaker, clock, breaker.changes
 
 
 def succeed(breaker: CircuitBreaker, n: int = 1, duration: float = 0.01) -> None:
@@ -72,15 +106,15 @@ def state_of(breaker: CircuitBreaker) -> State:
     return breaker.state  # a call, so that mypy does not narrow the property between assertions
 
 
-def transitions(events: list[StateChange]) -> list[tuple[State, State]]:
-    return [(e.from_state, e.to_state) for e in events]
+def transitions(events: list[Transition]) -> list[Transition]:
+    return list(events)
 
 
 # -- states and values --------------------------------------------------------------------------------
 
 
 def test_state_values_are_lowercase_names() -> None:
-    assert [s.value for s in State] == ["closed", "open", "half_open", "forced_open", "disabled"]
+    assert [s.value for s in State] == ["closed", "open", "half_open"]
 
 
 def test_defaults_match_resilience4j() -> None:
@@ -128,7 +162,6 @@ def test_minimum_number_of_calls_is_respected() -> None:
     fail(breaker)
     assert state_of(breaker) is State.OPEN
     assert transitions(events) == [(State.CLOSED, State.OPEN)]
-    assert events[0].name == "test"
 
 
 def test_failure_rate_below_threshold_stays_closed_and_at_threshold_opens() -> None:
@@ -227,65 +260,19 @@ def test_open_rejects_until_the_wait_elapses_then_half_opens() -> None:
     assert transitions(events) == [(State.CLOSED, State.OPEN), (State.OPEN, State.HALF_OPEN)]
 
 
-def test_circuit_open_is_raised_without_calling_fn() -> None:
+def test_an_open_circuit_refuses_every_permission_and_counts_it() -> None:
     breaker, _, _ = make()
     trip(breaker)
-    called = 0
-
-    def fn() -> int:
-        nonlocal called
-        called += 1
-        return 1
-
     for _ in range(1000):
         with pytest.raises(CircuitOpen):
-            breaker.call_sync(fn)
-    assert called == 0
+            breaker.acquire_permission()
     assert breaker.metrics.not_permitted == 1000
-
-
-def test_rejection_never_suspends() -> None:
-    """An open circuit answers within the caller's own step: the coroutine raises on its first
-    ``send`` without yielding to the event loop, so no I/O (and no network call) can be awaited."""
-    breaker, _, _ = make()
-    trip(breaker)
-    awaited = False
-
-    async def fn() -> int:
-        nonlocal awaited
-        awaited = True
-        return 1
-
-    for _ in range(100):
-        step = breaker.call(fn)
-        with pytest.raises(CircuitOpen):
-            step.send(None)
-        step.close()
-    assert not awaited
-    assert breaker.metrics.not_permitted == 100
-
-
-async def test_async_call_rejected_without_awaiting_fn() -> None:
-    breaker, _, _ = make()
-    breaker.force_open()
-    called = False
-
-    async def fn() -> int:
-        nonlocal called
-        called = True
-        return 1
-
-    with pytest.raises(CircuitOpen) as info:
-        await breaker.call(fn)
-    assert info.value.state is State.FORCED_OPEN
-    assert info.value.retry_after is None
-    assert not called
 
 
 # -- HALF_OPEN ----------------------------------------------------------------------------------------
 
 
-def half_open(**overrides: Any) -> tuple[CircuitBreaker, FakeClock, list[StateChange]]:
+def half_open(**overrides: Any) -> tuple[CircuitBreaker, FakeClock, list[Transition]]:
     breaker, clock, events = make(**overrides)
     trip(breaker)
     clock.advance(30.0)
@@ -389,35 +376,7 @@ def test_without_max_wait_half_open_waits_for_its_probes() -> None:
     assert state_of(breaker) is State.HALF_OPEN
 
 
-# -- FORCED_OPEN, DISABLED, reset ---------------------------------------------------------------------
-
-
-def test_force_open_rejects_everything_until_reset() -> None:
-    breaker, clock, events = make()
-    breaker.force_open()
-    clock.advance(1e6)
-    for _ in range(3):
-        with pytest.raises(CircuitOpen):
-            breaker.acquire_permission()
-    assert state_of(breaker) is State.FORCED_OPEN
-    assert breaker.metrics.not_permitted == 3
-    breaker.reset()
-    assert state_of(breaker) is State.CLOSED
-    assert breaker.metrics.not_permitted == 0
-    breaker.acquire_permission()
-    assert transitions(events) == [(State.CLOSED, State.FORCED_OPEN), (State.FORCED_OPEN, State.CLOSED)]
-
-
-def test_disabled_permits_everything_and_records_nothing() -> None:
-    breaker, _, events = make()
-    breaker.disable()
-    fail(breaker, 50)
-    assert state_of(breaker) is State.DISABLED
-    m = breaker.metrics
-    assert (m.calls, m.failures, m.not_permitted, m.state) == (0, 0, 0, State.DISABLED)
-    breaker.transition_to_closed()
-    assert state_of(breaker) is State.CLOSED
-    assert transitions(events) == [(State.CLOSED, State.DISABLED), (State.DISABLED, State.CLOSED)]
+# -- reset --------------------------------------------------------------------------------------------
 
 
 def test_reset_clears_the_window() -> None:
@@ -430,11 +389,15 @@ def test_reset_clears_the_window() -> None:
     assert state_of(breaker) is State.CLOSED
 
 
-def test_transition_to_closed_from_open() -> None:
-    breaker, _, _ = make()
+def test_reset_closes_an_open_circuit() -> None:
+    breaker, _, events = make()
     trip(breaker)
-    breaker.transition_to_closed()
+    with pytest.raises(CircuitOpen):
+        breaker.acquire_permission()
+    breaker.reset()
     assert state_of(breaker) is State.CLOSED
+    assert breaker.metrics.not_permitted == 0
+    assert transitions(events) == [(State.CLOSED, State.OPEN), (State.OPEN, State.CLOSED)]
     assert breaker.metrics.calls == 0
     breaker.acquire_permission()
 
@@ -448,131 +411,18 @@ def test_outcomes_arriving_while_open_are_not_recorded() -> None:
     assert breaker.metrics == before
 
 
-# -- listeners ----------------------------------------------------------------------------------------
+# -- probes given back ---------------------------------------------------------------------------------
 
 
-def test_listeners_get_each_state_change_and_their_errors_are_swallowed() -> None:
-    breaker, clock, events = make()
-    second: list[StateChange] = []
-
-    def broken(change: StateChange) -> None:
-        raise RuntimeError("listener bug")
-
-    breaker.add_listener(broken)
-    breaker.add_listener(second.append)
-    trip(breaker)
-    clock.advance(30.0)
-    succeed(breaker, 2)
-    breaker.force_open()
-    breaker.disable()
-    breaker.reset()
-    expected = [
-        (State.CLOSED, State.OPEN),
-        (State.OPEN, State.HALF_OPEN),
-        (State.HALF_OPEN, State.CLOSED),
-        (State.CLOSED, State.FORCED_OPEN),
-        (State.FORCED_OPEN, State.DISABLED),
-        (State.DISABLED, State.CLOSED),
-    ]
-    assert transitions(events) == expected
-    assert second == events
-    assert events[1].at == clock.now
-    assert all(e.name == "test" for e in events)
-
-
-# -- call() and call_sync() ---------------------------------------------------------------------------
-
-
-class Boom(Exception):
-    pass
-
-
-class NotFound(Exception):
-    pass
-
-
-def domain_errors_are_not_failures(exc: BaseException) -> bool:
-    return not isinstance(exc, NotFound)
-
-
-async def test_async_call_records_success_error_and_classification() -> None:
-    clock = FakeClock()
-    breaker, _, _ = make(clock, minimum_number_of_calls=100, slow_call_duration=1.0)
-
-    async def ok() -> str:
-        clock.advance(1.5)  # slow
-        return "ok"
-
-    async def boom() -> str:
-        raise Boom
-
-    async def not_found() -> str:
-        raise NotFound
-
-    assert await breaker.call(ok) == "ok"
-    with pytest.raises(Boom):
-        await breaker.call(boom)
-    with pytest.raises(NotFound):
-        await breaker.call(not_found, is_failure=domain_errors_are_not_failures)
-    with pytest.raises(Boom):
-        await breaker.call(boom, is_failure=domain_errors_are_not_failures)
-    m = breaker.metrics
-    assert (m.calls, m.failures, m.slow_calls) == (4, 2, 1)
-
-
-async def test_async_call_trips_the_breaker() -> None:
-    breaker, _, _ = make()
-
-    async def boom() -> None:
-        raise Boom
-
-    for _ in range(4):
-        with pytest.raises(Boom):
-            await breaker.call(boom)
-    with pytest.raises(CircuitOpen):
-        await breaker.call(boom)
-
-
-async def test_cancelled_probe_gives_its_permit_back() -> None:
+def test_a_probe_given_back_frees_its_permit_and_records_nothing() -> None:
+    """A cancelled call (``release_permission``, as the clients do) says nothing about the server."""
     breaker, _, _ = half_open(permitted_calls_in_half_open=1)
-    started = asyncio.Event()
-
-    async def hang() -> None:
-        started.set()
-        await asyncio.sleep(3600)
-
-    task = asyncio.create_task(breaker.call(hang))
-    await started.wait()
+    breaker.acquire_permission()
     with pytest.raises(CircuitOpen):
         breaker.acquire_permission()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    breaker.release_permission()
     assert breaker.metrics.calls == 0
     breaker.acquire_permission()  # the permit is available again
-
-
-def test_call_sync_records_success_error_and_classification() -> None:
-    clock = FakeClock()
-    breaker, _, _ = make(clock, minimum_number_of_calls=100, slow_call_duration=1.0)
-
-    def ok() -> int:
-        clock.advance(2.0)
-        return 42
-
-    def raiser(exc: Exception) -> Callable[[], int]:
-        def fn() -> int:
-            raise exc
-
-        return fn
-
-    assert breaker.call_sync(ok) == 42
-    with pytest.raises(Boom):
-        breaker.call_sync(raiser(Boom()))
-    with pytest.raises(NotFound):
-        breaker.call_sync(raiser(NotFound()), is_failure=domain_errors_are_not_failures)
-    m = breaker.metrics
-    assert (m.calls, m.failures, m.slow_calls) == (3, 1, 1)
 
 
 def test_threads_take_no_more_probe_permits_than_allowed() -> None:
@@ -606,8 +456,7 @@ def test_threads_record_every_outcome() -> None:
     breaker, _, _ = make(sliding_window_size=10_000, minimum_number_of_calls=10_000)
 
     def worker() -> None:
-        for _ in range(500):
-            breaker.call_sync(lambda: None)
+        succeed(breaker, 500)
 
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for t in threads:

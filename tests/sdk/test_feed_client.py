@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterator
 
@@ -17,7 +18,7 @@ import httpx
 import pytest
 
 from domain.access import Role
-from lockledger import AsyncClient, Forbidden
+from lockledger import AsyncClient, Client, Forbidden
 from lockledger.feed import FeedEvent, SseMessage, parse_sse
 from tests.conftest import IssueToken, ServerProcess
 
@@ -174,3 +175,22 @@ async def _take(watch: AsyncIterator[FeedEvent], count: int) -> AsyncIterator[Fe
             taken += 1
             if taken == count:
                 return
+
+
+@pytest.mark.storage
+async def test_the_blocking_client_watches_the_same_feed(
+    auth_server: ServerProcess, issue_token: IssueToken, unique_prefix: str
+) -> None:
+    """``Client.watch`` is generated from ``AsyncClient.watch``: the same events, the same records."""
+    investigator = await issue_token(f"{unique_prefix}inv", Role.INVESTIGATOR)
+    agent = await issue_token(f"{unique_prefix}agent", Role.AGENT)
+    async with AsyncClient(auth_server.base_url, token=agent) as writer:
+        await _cycles(writer, unique_prefix, 2)
+
+    def first_four() -> list[FeedEvent]:
+        with Client(auth_server.base_url, token=investigator) as watcher:
+            return list(itertools.islice(watcher.watch(0, prefix=unique_prefix), 4))
+
+    events = await asyncio.to_thread(first_four)
+    assert [e.type for e in events] == ["LOCK_ACQUIRED", "LOCK_RELEASED"] * 2
+    assert all(e.id is not None and e.hash is not None for e in events)

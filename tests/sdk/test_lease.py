@@ -254,6 +254,12 @@ def _renewals_failed_with(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+def _never_opens() -> CircuitBreaker:
+    """A breaker that gives no verdict in a short test: the transport's own errors reach the lease, not
+    the breaker's fast refusals."""
+    return CircuitBreaker(BreakerConfig(sliding_window_size=10_000, minimum_number_of_calls=10_000))
+
+
 async def test_a_cut_network_surfaces_as_unavailable_in_heartbeats_and_release(
     server: ServerProcess, resource: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -261,8 +267,9 @@ async def test_a_cut_network_surfaces_as_unavailable_in_heartbeats_and_release(
     a release on exit, while the lease is not yet lost, raises it to the caller."""
     caplog.set_level(logging.INFO, logger="lockledger.lease")
     transport = Cuttable()
-    client = AsyncClient(server.base_url, transport=transport, retry_attempts=2, retry_timeout=0.5)
-    client.breaker.disable()  # the transport's own errors, not the breaker's fast refusals
+    client = AsyncClient(
+        server.base_url, transport=transport, retry_attempts=2, retry_timeout=0.5, breaker=_never_opens()
+    )
     async with client:
         lease = await client.lock(resource, ttl=6).__aenter__()
         transport.cut = True
@@ -283,8 +290,9 @@ def test_a_cut_network_surfaces_as_unavailable_in_sync_heartbeats_and_release(
 ) -> None:
     caplog.set_level(logging.INFO, logger="lockledger.lease")
     transport = SyncCuttable()
-    with Client(server.base_url, transport=transport, retry_attempts=2, retry_timeout=0.5) as client:
-        client.breaker.disable()
+    with Client(
+        server.base_url, transport=transport, retry_attempts=2, retry_timeout=0.5, breaker=_never_opens()
+    ) as client:
         lease = client.lock(resource, ttl=6).__enter__()
         transport.cut = True
         give_up = time.monotonic() + 5

@@ -85,9 +85,9 @@ async def test_the_state_follows_every_page(
     unique_prefix: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from lockledger import client as client_module
+    from lockledger import wire
 
-    monkeypatch.setattr(client_module, "_STATE_PAGE", 2)  # five leases: three pages
+    monkeypatch.setattr(wire, "STATE_PAGE", 2)  # five leases: three pages
     async with await agent(auth_server, issue_token, f"{unique_prefix}agv-2") as client:
         leases = [await client.acquire(f"{unique_prefix}zone-{i}", ttl=30) for i in range(5)]
     state = await investigator.replay_state(await db_now(admin_pool), prefix=unique_prefix)
@@ -199,8 +199,8 @@ def _check_export(events: list[ExportedEvent], prefix: str) -> None:
     assert all(e.stream.startswith(prefix) for e in events)
     assert sorted(e.type for e in events) == sorted(["LOCK_ACQUIRED", "LOCK_RENEWED", "LOCK_RELEASED"] * 3)
     for event in events:
-        assert re.fullmatch(r"[0-9a-f]{64}", event.hash)
-        assert json.loads(event.line)["position"] == event.position
+        assert re.fullmatch(r"[0-9a-f]{64}", event.hash or "")
+        assert json.loads(event.line or "null")["position"] == event.position
         assert event.recorded_at.tzinfo is not None
 
 
@@ -367,5 +367,13 @@ async def test_instants_the_sdk_or_the_server_refuses(investigator: AsyncClient)
             await investigator.replay_state(naive)
         assert isinstance(refused.value, ValidationError)
         assert refused.value.status == 0  # nothing was sent
+    # What the server refuses with 422 is refused before sending: outside UTC's years, below microseconds.
+    for refused_instant in ("0001-01-01T00:00:00+14:00", "2026-01-01T00:00:00.1234567Z"):
+        with pytest.raises(ValidationError, match=r"outside years|fractional digits") as refused:
+            await investigator.replay_state(refused_instant)
+        assert refused.value.status == 0
+    with pytest.raises(ValidationError, match="outside years") as refused:
+        await investigator.changes(datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))), datetime.now(UTC))
+    assert refused.value.status == 0
     with pytest.raises(ValidationError):
         await investigator.agent_history("a/b")

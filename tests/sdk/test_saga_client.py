@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import httpx
 import pytest
 
 from domain.access import Role
-from lockledger import AsyncClient, Client, ValidationError
+from lockledger import AsyncClient, Client, LockLedgerError, ValidationError
 from lockledger.saga import (
+    AsyncSaga,
     SagaDefinition,
     SagaFailed,
     SagaStuck,
@@ -94,10 +96,12 @@ def _three_steps(calls: Calls, prefix: str, fail_at: str | None = None) -> SagaD
     return define(f"test-{prefix}", steps, register=False)
 
 
-async def _run(client: AsyncClient, saga_id: str, definition: SagaDefinition) -> list[Any]:
-    """Every step of the definition in order, in one saga; the results."""
-    async with client.saga(saga_id, definition) as saga:
-        return [await saga.step(step.name) for step in definition.steps]
+async def _run(
+    client: AsyncClient, saga_id: str, definition: SagaDefinition, saga: AsyncSaga | None = None
+) -> list[Any]:
+    """Every step of the definition in order, in one saga (``saga`` if given); the results."""
+    async with saga or client.saga(saga_id, definition) as running:
+        return [await running.step(step.name) for step in definition.steps]
 
 
 async def _held(client: AsyncClient, prefix: str) -> list[str]:
@@ -281,6 +285,38 @@ def test_the_blocking_twin_runs_plain_functions(server: ServerProcess, unique_pr
     assert [entry.split(":")[0] for entry in log] == ["a", "b"]
 
 
+class Recording(httpx.HTTPTransport):
+    """A blocking transport that remembers the path of every request it sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        return super().handle_request(request)
+
+
+@pytest.mark.storage
+def test_a_blocking_saga_and_its_recovery_go_through_the_clients_own_transport(
+    server: ServerProcess, unique_prefix: str
+) -> None:
+    """The blocking saga is the asyncio one over the blocking client's public ``request``: its starts,
+    steps, leases and recovery all pass through the client's transport (and so its pool and breaker)."""
+    definition = define(
+        f"sync-transport-{unique_prefix}",
+        [Step("a", [f"{unique_prefix}a"], lambda ctx: None)],
+        register=False,
+    )
+    transport = Recording()
+    with Client(server.base_url, transport=transport, agent_id=f"{unique_prefix}agv") as client:
+        with pytest.raises(RuntimeError, match="cut short"), client.saga(f"{unique_prefix}t", definition):
+            raise RuntimeError("cut short")
+        assert client.recover_sagas([definition]) == []  # aborted and compensated already: nothing left
+    assert transport.paths.count("/v1/sagas") == 3  # the start, then recovery's running and compensating
+    assert f"/v1/sagas/{unique_prefix}t/abort" in transport.paths
+
+
 @pytest.mark.storage
 async def test_an_exception_between_steps_aborts_and_compensates(
     server: ServerProcess, unique_prefix: str
@@ -424,4 +460,124 @@ async def test_with_a_token_recovery_frees_the_lock_of_a_step_cut_short(
     async with AsyncClient(auth_server.base_url, token=investigator) as reader:
         assert await _held(reader, unique_prefix) == []
         assert len(await _acquired(reader, f"{unique_prefix}b")) == 1
+    assert [entry[:2] for entry in calls.log] == [("action", "a"), ("compensate", "a")]
+
+
+# --- the saga's own lease ------------------------------------------------------------------------------
+
+
+def test_a_saga_lease_is_seconds_above_zero() -> None:
+    definition = define("leased", [Step("a")], register=False)
+    with pytest.raises(ValidationError, match="lease"):
+        AsyncClient("http://127.0.0.1:9").saga("s", definition, lease=0)
+
+
+@pytest.mark.storage
+async def test_heartbeats_keep_a_saga_alive_through_a_step_longer_than_its_lease(
+    server: ServerProcess, unique_prefix: str
+) -> None:
+    """The server's reaper lapses a saga lease within its 100 ms pass: only the heartbeats (every third of
+    the 1 s lease) keep this saga, whose step lasts 2.5 leases, running to completion."""
+
+    async def slow(ctx: StepContext) -> dict[str, Any]:
+        await asyncio.sleep(2.5)
+        return {"slow": True}
+
+    definition = define(f"long-{unique_prefix}", [Step("a", [f"{unique_prefix}a"], slow)], register=False)
+    saga_id = f"{unique_prefix}long"
+    async with AsyncClient(server.base_url) as client:
+        async with client.saga(saga_id, definition, lease=1.0) as saga:
+            await saga.step("a")
+        view = await get_saga(client, saga_id)
+    assert view.status == "completed"
+    assert view.lease_ms == 1000
+    assert view.lease_expires_at is None  # ended: no deadline left
+    types = [e.type for e in view.timeline]
+    assert "SAGA_LEASE_RENEWED" in types
+    assert "SAGA_LEASE_EXPIRED" not in types
+
+
+@pytest.mark.storage
+def test_the_blocking_twin_heartbeats_too(server: ServerProcess, unique_prefix: str) -> None:
+    def slow(ctx: StepContext) -> None:
+        time.sleep(2.5)
+
+    definition = define(f"long-sync-{unique_prefix}", [Step("a", [], slow)], register=False)
+    with (
+        Client(server.base_url) as client,
+        client.saga(f"{unique_prefix}long-sync", definition, lease=1.0) as saga,
+    ):
+        saga.step("a")
+    assert saga.view is not None
+    assert saga.view.status == "completed"
+
+
+@pytest.mark.storage
+async def test_a_saga_whose_orchestrator_vanished_is_compensated_by_the_server(
+    server: ServerProcess, unique_prefix: str
+) -> None:
+    """The orchestrator stops mid-step without a word (its task is gone, heartbeats with it): the
+    server's reaper fails the step and the saga goes to compensation, with the lapse recorded."""
+    calls = Calls()
+    definition = _three_steps(calls, unique_prefix)
+    saga_id = f"{unique_prefix}vanished"
+    async with AsyncClient(server.base_url) as client:
+        saga = client.saga(saga_id, definition, lease=1.0)
+        await saga.__aenter__()
+        await saga.step("a")
+        await saga._post("/steps/b/start")
+        await saga._stop_beating()  # the orchestrator is gone: no heartbeat, no further call
+        for _ in range(100):
+            view = await get_saga(client, saga_id)
+            if view.status != "running":
+                break
+            await asyncio.sleep(0.1)
+        assert view.status == "compensating"
+        assert view.step("b").status == "failed"
+        assert view.lease_lapsed_at is not None
+        metrics = (await client._http.get("/metrics")).text
+        assert 'lockledger_saga_lapses_total{status="compensating"}' in metrics
+        # A new orchestrator recovers it: it compensates step a, and the saga is aborted.
+        [recovered] = await client.recover_sagas([definition])
+        await saga._release()
+    assert recovered.status == "aborted"
+    assert [entry[:2] for entry in calls.log] == [("action", "a"), ("compensate", "a")]
+
+
+@pytest.mark.storage
+@pytest.mark.parametrize("then", ["returns", "raises"])
+async def test_an_orchestrator_cut_off_past_its_lease_compensates_what_the_server_lapsed(
+    server: ServerProcess, unique_prefix: str, then: str
+) -> None:
+    """Step b's action outlives the saga's lease with no heartbeat (as when the service was down): the
+    server fails b and the saga compensates. The orchestrator, still here, finds b's outcome refused and
+    compensates step a itself, whether b's action then returns or raises."""
+    calls = Calls()
+    saga_id = f"{unique_prefix}cut-{then}"
+    async with AsyncClient(server.base_url) as client:
+
+        async def cut_off(ctx: StepContext) -> None:
+            await saga._stop_beating()
+            for _ in range(100):
+                if (await get_saga(client, saga_id)).status == "compensating":
+                    break
+                await asyncio.sleep(0.1)
+            if then == "raises":
+                raise RuntimeError("b gave up")
+
+        definition = define(
+            f"cut-{unique_prefix}{then}",
+            [
+                Step("a", [f"{unique_prefix}{then}a"], calls.action("a"), calls.compensation("a"), keep=True),
+                Step("b", [f"{unique_prefix}{then}b"], cut_off),
+            ],
+            register=False,
+        )
+        saga = client.saga(saga_id, definition, lease=1.0)
+        with pytest.raises((SagaFailed, LockLedgerError)):
+            await _run(client, saga_id, definition, saga)
+        view = await get_saga(client, saga_id)
+        assert await _held(client, unique_prefix) == []
+    assert view.status == "aborted"
+    assert view.step("b").error == "saga lease lapsed: the orchestrator stopped heartbeating"
     assert [entry[:2] for entry in calls.log] == [("action", "a"), ("compensate", "a")]

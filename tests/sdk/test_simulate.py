@@ -16,19 +16,23 @@ from typing import Any
 import httpx
 import pytest
 
-from lockledger.simulate_ledger import Ledger
+from lockledger.simulate.ledger import Ledger
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.storage
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {k: v for k, v in os.environ.items() if k not in ("LOCKLEDGER_URL", "LOCKLEDGER_TOKEN")}
-PALLETS, ZONES = 3, 1
+# Two zones for six AGVs, for 8 s: they still contend (a parked AGV holds a zone for seconds, so drives
+# time out and picks are compensated). With one zone for 4 s, a parked AGV and the leases crashed AGVs
+# leave until their TTL kept nearly every drive out: one saga completed in most runs, none in about one
+# run in five. Measured with these settings: 4-6 completed and 3-7 compensated in every run.
+PALLETS, ZONES = 3, 2
 
 
 def _simulate(server: ServerProcess, prefix: str) -> subprocess.CompletedProcess[str]:
     args = [
-        "simulate", "--agents", "6", "--duration", "4", "--seed", "7", "--pallets", str(PALLETS),
+        "simulate", "--agents", "6", "--duration", "8", "--seed", "7", "--pallets", str(PALLETS),
         "--zones", str(ZONES), "--crash-probability", "0.3", "--drop-probability", "0.2",
         "--prefix", prefix, "--format", "json", "--url", server.base_url,
     ]  # fmt: skip
@@ -53,6 +57,7 @@ def _history(http: httpx.Client, resource: str) -> list[dict[str, Any]]:
         after = page["next_after_version"]
 
 
+@pytest.mark.slow
 def test_a_short_simulation_with_every_fault_keeps_the_invariants_and_agrees_with_the_log(
     server: ServerProcess, unique_prefix: str
 ) -> None:
@@ -61,6 +66,7 @@ def test_a_short_simulation_with_every_fault_keeps_the_invariants_and_agrees_wit
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout)
     assert summary["violations"] == 0, summary["violation_examples"]
+    assert summary["sagas_unfinished"] == 0
     assert summary["grants"] > 0
     assert summary["grants_checked"] > 0
     assert summary["lock_held"] + summary["waits_timed_out"] > 0

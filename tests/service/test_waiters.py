@@ -13,13 +13,13 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import cast
 
-import asyncpg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from domain.errors import LockHeld
+from service.fakes.database import MemoryDatabase
+from service.fakes.notifier import MemoryNotifier
 from service.waiters import Waiters
 
 RESOURCE = "zone:A3"
@@ -80,7 +80,7 @@ agents = st.lists(
 
 
 async def _run(schedule: list[Agent]) -> tuple[FakeLock, dict[str, str], Waiters]:
-    waiters = Waiters(cast(asyncpg.Pool, None), poll_s=3600, acquire_timeout_s=1)
+    waiters = Waiters(MemoryNotifier(MemoryDatabase()), poll_s=3600)
     lock = FakeLock(waiters)
     outcomes: dict[str, str] = {}
 

@@ -9,6 +9,7 @@ Idempotency-Key stays the first answer's bytes.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -149,3 +150,48 @@ async def test_the_database_writes_instants_as_python_does(
     )
     assert written == format_timestamp(instant)
     assert TIMESTAMP.fullmatch(written)
+
+
+async def test_the_log_and_its_export_write_instants_one_way(
+    http: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """Every writer of the log (the single append, the batched commit, the reaper, a takeover) stores its
+    instants in the answers' shape, so the export and the feed print what the API prints."""
+    resource, lapsing = f"{unique_prefix}zone", f"{unique_prefix}lapse"
+    acquired = await http.post(f"/v1/locks/{resource}/acquire", json={"owner": "bot1"})
+    token = acquired.json()["fencing_token"]
+    holder = {"owner": "bot1", "fencing_token": token}
+    assert (await http.post(f"/v1/locks/{resource}/renew", json=holder)).status_code == 200
+    assert (await http.post(f"/v1/locks/{resource}/release", json=holder)).status_code == 200
+    assert (await http.post(f"/v1/locks/{resource}/acquire", json={"owner": "bot2"})).status_code == 201
+    forced = await http.post(f"/v1/locks/{resource}/force-release", json={"reason": "check"})
+    assert forced.status_code == 200
+    batch = [f"{unique_prefix}batch:{i}" for i in range(16)]
+    replies = await asyncio.gather(
+        *(http.post(f"/v1/locks/{r}/acquire", json={"owner": "bot1"}) for r in batch)
+    )
+    assert {reply.status_code for reply in replies} == {201}
+    # One lapse the reaper ends (the shared server reaps every tenth of a second), one a takeover ends.
+    for name in (lapsing, f"{lapsing}:taken"):
+        reply = await http.post(f"/v1/locks/{name}/acquire", json={"owner": "bot1", "ttl_ms": 1_000})
+        assert reply.status_code == 201
+    await asyncio.sleep(1.1)
+    assert (await http.post(f"/v1/locks/{lapsing}:taken/acquire", json={"owner": "bot2"})).status_code == 201
+    for _ in range(100):
+        history = (await http.get(f"/v1/locks/{lapsing}/history")).json()
+        if history["events"][-1]["type"] == "LOCK_EXPIRED":
+            break
+        await asyncio.sleep(0.1)
+
+    export = await http.get("/v1/events", params={"prefix": unique_prefix})
+    assert export.status_code == 200
+    lines = [json.loads(line) for line in export.text.splitlines()]
+    types = {line["type"] for line in lines}
+    assert types == {"LOCK_ACQUIRED", "LOCK_RENEWED", "LOCK_RELEASED", "LOCK_FORCE_RELEASED", "LOCK_EXPIRED"}
+    expiries = [line["metadata"] for line in lines if line["type"] == "LOCK_EXPIRED"]
+    assert len(expiries) == 2  # the reaper's and the takeover's
+    assert "reaper" in {metadata.get("actor") for metadata in expiries}
+    checked = [(place, text) for line in lines for place, text in instants(line["data"], line["type"])]
+    checked += [(line["type"], line["recorded_at"]) for line in lines]
+    assert len(checked) == 2 * len(lines)  # each event's deadline and its recorded_at
+    assert [(place, text) for place, text in checked if not TIMESTAMP.fullmatch(text)] == []

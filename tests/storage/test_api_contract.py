@@ -430,12 +430,19 @@ async def test_every_endpoint_refuses_unknown_query_parameters(
         "/v1/locks/{resource}/renew": {"owner": "bot1", "fencing_token": 1},
         "/v1/locks/{resource}/release": {"owner": "bot1", "fencing_token": 1},
         "/v1/locks/{resource}/force-release": {"reason": "r"},
+        "/v1/sagas": {"name": "n", "steps": [{"name": "a", "locks": []}]},
+        "/v1/sagas/{saga_id}/steps/{step}/fail": {"reason": "r"},
+        "/v1/sagas/{saga_id}/steps/{step}/compensation/fail": {"reason": "r"},
+        "/v1/sagas/{saga_id}/abort": {"reason": "r"},
     }
     for method, template, declared in operations:
+        # Valid otherwise: a command reports every invalid part at once, so only the query may be wrong.
         path = (
             template.replace("{resource}", resource)
             .replace("{name}", f"{resource}-t")
             .replace("{owner}", "bot1")
+            .replace("{saga_id}", f"{resource}-saga")
+            .replace("{step}", "a")
         )
         body = bodies.get(template) if method == "POST" else None
         # A misspelt filter, as a user would send it; no endpoint has a parameter of that name.

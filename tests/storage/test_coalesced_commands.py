@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -27,14 +28,38 @@ from eventstore.connection import Connection
 from eventstore.event_ids import new_event_ids
 from eventstore.verify import verify_chains
 from service import lock_store
+from service.composition import lock_service_on_pool
+from service.config import Settings
+from service.database import create_pool
 from service.idempotency import fingerprint
-from service.lock_service import CommandContext, LockService
-from service.lock_store import AppendPlan, Committed, Idempotency
-from tests.conftest import granted
+from service.lock_service import CommandContext
+from service.ports import AppendPlan, Committed, Idempotency
+from tests.conftest import granted, scratch_database
 
 pytestmark = pytest.mark.storage
 
 BOUNDS = TtlBounds(min_ms=1_000, max_ms=600_000, default_ms=30_000)
+
+
+@pytest.fixture(scope="module")
+def own_database(database_url: str) -> Iterator[str]:
+    """A database no server's reaper works on: these tests let leases lapse and expect to expire them."""
+    with scratch_database(database_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+async def service_pool(own_database: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(Settings(database_url=own_database, reaper_enabled=False))
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture(scope="module")
+async def admin_pool(own_database: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(Settings(database_url=own_database, reaper_enabled=False), role="")
+    yield pool
+    await pool.close()
 
 
 def _plan(state: LockState, command: Command, now: datetime, key: str | None = None) -> AppendPlan:
@@ -171,7 +196,7 @@ async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
     acknowledged command in the log, and the projection equal to a fold of the events. With three
     services each command goes to one at random, as to three server processes: each decides on what it
     remembers, which the others keep making stale."""
-    services = [LockService.on_pool(service_pool, BOUNDS) for _ in range(processes)]
+    services = [lock_service_on_pool(service_pool, BOUNDS) for _ in range(processes)]
     resources = [f"{unique_prefix}r{i}" for i in range(12)]
     holders: dict[str, str] = {}
     grants: dict[str, list[int]] = {r: [] for r in resources}

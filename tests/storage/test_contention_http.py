@@ -129,6 +129,7 @@ async def _contention_round(
     return winner, token
 
 
+@pytest.mark.slow
 async def test_64_acquirers_one_resource_200_rounds(
     http: httpx.AsyncClient, resource: str, admin_pool: asyncpg.Pool
 ) -> None:

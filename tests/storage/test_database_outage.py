@@ -18,7 +18,7 @@ from lockledger import AsyncClient, BreakerConfig, CircuitBreaker, CircuitOpen, 
 from service.database_guard import NOT_TRIED, STALLED
 from tests.conftest import ServerProcess, TestDatabase, free_port, frozen
 
-pytestmark = pytest.mark.storage
+pytestmark = [pytest.mark.storage, pytest.mark.slow]
 
 
 async def test_frozen_database_fails_fast_and_recovers(
@@ -143,5 +143,44 @@ async def test_sdk_breaker_opens_and_a_stalled_lease_knows_it_is_lost(
             assert _state(breaker) is State.CLOSED
             renewed = await client.renew(f"{unique_prefix}kept", "bot1", kept.fencing_token)
             assert renewed.fencing_token == kept.fencing_token
+    finally:
+        server.stop()
+
+
+async def test_a_lease_outlives_a_database_outage_longer_than_its_ttl(
+    test_database: TestDatabase, unique_prefix: str
+) -> None:
+    """PostgreSQL frozen for longer than a lease: nobody else gets the lease meanwhile or afterwards, the
+    reaper does not expire it, and the holder renews it with its token once the database is back. The
+    history shows why: a LOCK_RENEWED by lockledger for the outage, no LOCK_EXPIRED."""
+    if test_database.postgres_pid is None:
+        pytest.skip("the database server is not ours to freeze")
+    resource = f"{unique_prefix}held"
+    server = ServerProcess(test_database.url, free_port(), {})
+    server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as http:
+            held = await http.post(f"/v1/locks/{resource}/acquire", json={"owner": "bot1", "ttl_ms": 5_000})
+            assert held.status_code == 201
+            token = held.json()["fencing_token"]
+            with frozen(test_database.postgres_pid):
+                await asyncio.sleep(7)  # past the lease's deadline, with nothing able to renew it
+            renewed = None
+            for _ in range(100):  # the first answers may be the guard's 503 while it closes again
+                renewed = await http.post(
+                    f"/v1/locks/{resource}/renew", json={"owner": "bot1", "fencing_token": token}
+                )
+                if renewed.status_code != 503:
+                    break
+                await asyncio.sleep(0.1)
+            assert renewed is not None
+            assert renewed.status_code == 200, renewed.text
+            taken = await http.post(f"/v1/locks/{resource}/acquire", json={"owner": "bot2"})
+            assert taken.status_code == 409, taken.text
+
+            history = (await http.get(f"/v1/locks/{resource}/history")).json()["events"]
+            types = [(event["type"], event["metadata"].get("command")) for event in history]
+            assert ("LOCK_RENEWED", "extend") in types, types
+            assert all(kind != "LOCK_EXPIRED" for kind, _ in types), types
     finally:
         server.stop()

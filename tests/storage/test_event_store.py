@@ -17,6 +17,7 @@ import pytest
 from domain.commands import Acquire, Release
 from domain.resource import TtlBounds
 from eventstore.verify import VerifyReport, event_hash, verify_chains
+from service.composition import lock_service_on_pool
 from service.lock_service import CommandContext, LockService
 
 pytestmark = pytest.mark.storage
@@ -216,7 +217,7 @@ async def test_recorded_at_default_is_clock_timestamp_not_transaction_start(
 async def test_tx_id_is_the_writing_transaction(
     service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, resource: str
 ) -> None:
-    service = LockService.on_pool(service_pool, TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000))
+    service = lock_service_on_pool(service_pool, TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000))
     await service.execute(Acquire(resource, "bot1", 100), CommandContext())
     # Keep reapers off the lapsing lease (they skip locked rows), so the next acquire finds it lapsed and
     # expires and re-acquires it in one statement: two events, one transaction.

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.storage
 assert projections.schema
 assert service.schema
 
-EXPECTED_TABLES = {"events", "lock_state", "idempotency_keys", "api_tokens", "saga_state"}
+EXPECTED_TABLES = {"events", "lock_state", "idempotency_keys", "api_tokens", "saga_state", "outage_beacon"}
 SCRATCH = "lockledger_schema_check"
 
 

@@ -1,5 +1,7 @@
-"""The reaper (DESIGN.md, "Expiry"): abandoned leases expire promptly, several reapers share the work
-without doing any of it twice, a renew that committed first is never expired, and old Idempotency-Keys go.
+"""The reaper (DESIGN.md, "Expiry") on PostgreSQL: abandoned leases expire promptly, several reapers share
+the work without doing any of it twice, a renew that committed first is never expired, and a command
+decided before the deadline but appended after it sees the expiry. The purge of old Idempotency-Keys and
+the pass's behaviour on the fakes: tests/service/test_sagas_and_reaper.py and the contract suite.
 
 Measured figures are printed (run with ``-s`` to see them).
 """
@@ -23,15 +25,16 @@ import httpx
 import pytest
 
 from domain.commands import Acquire, ForceRelease, Release, Renew
-from domain.errors import LeaseExpired, LockHeld
+from domain.errors import LeaseExpired
 from domain.events import LOCK_ACQUIRED, LOCK_EXPIRED, LOCK_RENEWED
 from domain.resource import TtlBounds
+from service.composition import lock_service_on_pool, reaper_on_pool
 from service.config import Settings
 from service.database import create_pool
-from service.idempotency import purge_expired
 from service.lock_service import CommandContext, LockService
 from service.outcomes import ForceReleased, Granted
-from service.reaper import Reaper, expire_due
+from service.reaper import Reaper
+from service.reaper_store import expire_due
 from tests.conftest import granted
 
 if TYPE_CHECKING:
@@ -165,7 +168,7 @@ async def test_two_reapers_share_5000_expired_leases_exactly_once(
 
         async with _pools(reaper_settings, 2) as pools:
             reapers = [
-                Reaper(pool, reaper_settings, reaper_id=f"{unique_prefix}reaper-{i}")
+                reaper_on_pool(pool, reaper_settings, reaper_id=f"{unique_prefix}reaper-{i}")
                 for i, pool in enumerate(pools)
             ]
 
@@ -261,7 +264,7 @@ async def test_a_renew_that_commits_before_the_reaper_is_never_expired(
     service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str
 ) -> None:
     # Leases of tens of milliseconds so 200 races take seconds: a service with a lower TTL floor.
-    service = LockService.on_pool(service_pool, TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000))
+    service = lock_service_on_pool(service_pool, TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000))
     reaper_id = f"{unique_prefix}race-reaper"
     rng = random.Random(20261130)
     waves, per_wave = 25, 8
@@ -360,41 +363,6 @@ async def test_a_renew_that_commits_before_the_reaper_is_never_expired(
             await service.execute(Release(resource, "bot", 1), CommandContext())
 
 
-# --- (d) the Idempotency-Key purge ---------------------------------------------------------------------
-
-
-async def _key_exists(conn: asyncpg.pool.PoolConnectionProxy, principal: str, key: str) -> bool:
-    found: bool = await conn.fetchval(
-        "SELECT EXISTS (SELECT FROM idempotency_keys WHERE principal = $1 AND key = $2)", principal, key
-    )
-    return found
-
-
-async def test_purge_removes_keys_older_than_the_retention(
-    service_pool: asyncpg.Pool, lock_service: LockService, resource: str
-) -> None:
-    ctx = CommandContext(principal=f"{resource}-principal", idempotency_key=f"{resource}-key")
-    command = Acquire(resource, "bot1", 30_000)
-    first = await lock_service.execute(command, ctx)
-    assert isinstance(first.outcome, Granted)
-    assert (await lock_service.execute(command, ctx)).replayed
-
-    # The service role purges (it holds DELETE on idempotency_keys, and nothing more is needed).
-    async with service_pool.acquire() as conn:
-        assert await purge_expired(conn, 86_400, 10_000) == 0  # a fresh database has nothing a day old
-        assert await _key_exists(conn, ctx.principal, f"{resource}-key")
-
-        # Retention 0: every key recorded before now goes, oldest first, a batch at a time.
-        for _ in range(10_000):
-            if await purge_expired(conn, 0, 1000) < 1000:
-                break
-        assert not await _key_exists(conn, ctx.principal, f"{resource}-key")
-
-    # The key is forgotten: the same request is decided afresh (a lock is not re-entrant), not replayed.
-    with pytest.raises(LockHeld):
-        await lock_service.execute(command, ctx)
-
-
 # --- decided while live, appended after the deadline ------------------------------------------------------
 
 
@@ -436,7 +404,7 @@ async def test_a_command_decided_before_the_deadline_but_appended_after_it_sees_
     earlier." The same holds for release and force-release: at the instant of the append the lease has
     lapsed, so the log must say LOCK_EXPIRED (the decision at that instant), not that the holder or an
     operator ended a lease that was still live."""
-    service = LockService.on_pool(service_pool, TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000))
+    service = lock_service_on_pool(service_pool, TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000))
     acquired = await service.execute(Acquire(resource, "bot1", 300), CommandContext())
     deadline = granted(acquired).expires_at
     commands: dict[str, Renew | Release | ForceRelease] = {

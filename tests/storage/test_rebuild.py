@@ -25,9 +25,10 @@ from domain.resource import TtlBounds
 from domain.state import LockState
 from projections.rebuild import rebuild_lock_state
 from projections.schema import lock_state_from_row
+from service.composition import lock_service_on_pool
 from service.lock_service import CommandContext, LockService
 from service.outcomes import Granted
-from service.reaper import expire_due
+from service.reaper_store import expire_due
 
 pytestmark = pytest.mark.storage
 
@@ -90,7 +91,7 @@ async def _workload(service: LockService, service_pool: asyncpg.Pool, prefix: st
 async def test_rebuild_reproduces_lock_state_and_equals_a_fold_of_the_log(
     service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str
 ) -> None:
-    service = LockService.on_pool(service_pool, TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000))
+    service = lock_service_on_pool(service_pool, TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000))
     outcomes = await _workload(service, service_pool, unique_prefix, seed=7)
     print(f"\nworkload outcomes: {dict(sorted(outcomes.items()))}")
     # The workload reached the interesting states, or the comparison below proves little.

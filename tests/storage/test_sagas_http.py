@@ -4,7 +4,9 @@ The happy path; a failing step compensated in reverse; repeated transitions and 
 ``saga_conflict`` for a transition out of order; roles (an agent drives its own sagas, dashboards read,
 admins abort); ``stuck`` after the fifth failure of one compensation; the filters and pages of
 ``GET /v1/sagas``; a lock acquired within a saga shows it (``X-Saga-ID``, ``X-Saga-Step``); the saga's
-events keep the hash chain, and rebuild reproduces saga_state and the locks' saga columns.
+events keep the hash chain, and rebuild reproduces saga_state and the locks' saga columns. The saga's
+lease: heartbeats renew it, the reaper's pass lapses it (compensation, then ``stuck``), bounds and
+default, and rebuild reproduces its columns.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ from domain.access import Role
 from domain.timestamps import TIMESTAMP_PATTERN
 from eventstore.verify import event_hash, verify_chains
 from projections.rebuild import rebuild_lock_state
+from projections.saga_state import rebuild_saga_state
+from service.composition import saga_service_on_pool
+from service.database_guard import DatabaseGuard
+from service.reaper_store import due_sagas
+from service.saga_lapse import lapse_sagas
 
 if TYPE_CHECKING:
     from tests.conftest import IssueToken, ServerProcess, assert_problem
@@ -80,6 +87,13 @@ async def create(caller: Caller, saga_id: str, *steps: str, name: str = "move pa
     assert response.status_code == 201, response.text
     body: dict[str, Any] = response.json()
     return body
+
+
+async def ok_created(caller: Caller, body: dict[str, Any]) -> dict[str, Any]:
+    response = await caller.post("/v1/sagas", body)
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
 
 
 async def ok(response: httpx.Response) -> dict[str, Any]:
@@ -456,3 +470,109 @@ async def test_a_sagas_events_keep_the_hash_chain(
         assert last["command"] == "saga-complete"
         report = await verify_chains(conn)
         assert report.ok, report.broken
+
+
+# --- the saga's lease -------------------------------------------------------------------------------------
+
+
+async def _lapse_until(
+    admin_pool: asyncpg.Pool, caller: Caller, saga_id: str, version: int
+) -> dict[str, Any]:
+    """Run the reaper's saga pass until the saga moves past ``version`` (its lease has 1 s to lapse)."""
+    sagas = saga_service_on_pool(admin_pool, DatabaseGuard())
+    for _ in range(100):
+        async with admin_pool.acquire() as conn:
+            due = await due_sagas(conn, 1000)
+        await lapse_sagas(sagas, due, "test")
+        view = await ok(await caller.get(f"/v1/sagas/{saga_id}"))
+        if view["version"] > version:
+            return view
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"saga {saga_id} never lapsed")
+
+
+async def test_a_saga_whose_heartbeats_stop_is_compensated_then_stuck(
+    callers: dict[str, Caller], unique_prefix: str, admin_pool: asyncpg.Pool
+) -> None:
+    agent = callers["agent"]
+    saga_id = f"{unique_prefix}orphan"
+    created = await ok_created(agent, {**definition(saga_id, "pick", "drive"), "lease_ms": 1000})
+    assert created["lease_ms"] == 1000
+    assert re.match(TIMESTAMP_PATTERN, created["lease_expires_at"])
+    assert created["lease_lapsed_at"] is None
+    await step(agent, saga_id, "pick", "start")
+    await step(agent, saga_id, "pick", "complete", {"result": {"from": "dock:3"}})
+    started = await step(agent, saga_id, "drive", "start")
+
+    lapsed = await _lapse_until(admin_pool, agent, saga_id, started["version"])
+    assert lapsed["status"] == "compensating"
+    assert lapsed["steps"][1]["status"] == "failed"
+    assert lapsed["steps"][1]["error"] == "saga lease lapsed: the orchestrator stopped heartbeating"
+    assert re.match(TIMESTAMP_PATTERN, lapsed["lease_lapsed_at"])
+    assert lapsed["lease_expires_at"] > lapsed["lease_lapsed_at"]  # another lease to compensate in
+    assert [e["type"] for e in lapsed["timeline"]][-2:] == ["SAGA_LEASE_EXPIRED", "STEP_FAILED"]
+    assert lapsed["timeline"][-2]["data"]["lapses"] == 1
+
+    stuck = await _lapse_until(admin_pool, agent, saga_id, lapsed["version"])  # nobody compensated
+    assert stuck["status"] == "stuck"
+    assert stuck["reason"] == "saga lease lapsed twice: no orchestrator came back to finish it"
+    assert stuck["lease_expires_at"] is None
+    assert [e["type"] for e in stuck["timeline"]][-2:] == ["SAGA_LEASE_EXPIRED", "SAGA_STUCK"]
+    assert_problem(await agent.post(f"/v1/sagas/{saga_id}/heartbeat"), 409, "saga_conflict")
+    async with admin_pool.acquire() as conn:
+        assert (await verify_chains(conn)).ok
+
+
+async def test_a_heartbeat_renews_the_lease_and_only_the_owner_sends_it(
+    callers: dict[str, Caller], unique_prefix: str, admin_pool: asyncpg.Pool
+) -> None:
+    agent = callers["agent"]
+    saga_id = f"{unique_prefix}alive"
+    created = await ok_created(agent, {**definition(saga_id, "pick"), "lease_ms": 60_000})
+    beat = await ok(await agent.post(f"/v1/sagas/{saga_id}/heartbeat"))
+    assert beat["version"] == created["version"] + 1
+    assert beat["lease_expires_at"] > created["lease_expires_at"]
+    assert beat["status"] == "running"
+    async with admin_pool.acquire() as conn:  # a live lease: the reaper's pass leaves it alone
+        due = await due_sagas(conn, 1000)
+    assert saga_id not in [found.saga_id for found in due]
+    await lapse_sagas(saga_service_on_pool(admin_pool, DatabaseGuard()), due, "test")
+    assert (await ok(await agent.get(f"/v1/sagas/{saga_id}")))["version"] == beat["version"]
+    assert await timeline_types(agent, saga_id) == ["SAGA_STARTED", "SAGA_LEASE_RENEWED"]
+    assert_problem(await callers["other"].post(f"/v1/sagas/{saga_id}/heartbeat"), 403, "forbidden")
+    assert_problem(await callers["dashboard"].post(f"/v1/sagas/{saga_id}/heartbeat"), 403, "forbidden")
+    assert_problem(await agent.post(f"/v1/sagas/{unique_prefix}none/heartbeat"), 404, "not_found")
+
+
+async def test_the_lease_is_bounded_like_a_lock_ttl_and_defaults_to_it(
+    callers: dict[str, Caller], unique_prefix: str, api: httpx.AsyncClient
+) -> None:
+    agent = callers["agent"]
+    for lease_ms in (999, 3_600_001):
+        refused = await agent.post(
+            "/v1/sagas", {**definition(f"{unique_prefix}b{lease_ms}", "a"), "lease_ms": lease_ms}
+        )
+        assert_problem(refused, 422, "validation_error")
+    assert (await create(agent, f"{unique_prefix}default", "a"))["lease_ms"] == 30_000
+    schema = (await api.get("/openapi.json")).json()["components"]["schemas"]["CreateSagaRequest"]
+    bounds = next(b for b in schema["properties"]["lease_ms"]["anyOf"] if b.get("type") == "integer")
+    assert (bounds["minimum"], bounds["maximum"]) == (1000, 3_600_000)
+
+
+async def test_rebuild_reproduces_the_lease_columns(
+    callers: dict[str, Caller], unique_prefix: str, admin_pool: asyncpg.Pool
+) -> None:
+    agent = callers["agent"]
+    saga_id = f"{unique_prefix}rebuilt"
+    await ok_created(agent, {**definition(saga_id, "a"), "lease_ms": 1000})
+    await step(agent, saga_id, "a", "start")
+    view = await ok(await agent.post(f"/v1/sagas/{saga_id}/heartbeat"))
+    await _lapse_until(admin_pool, agent, saga_id, view["version"])
+    columns = "saga_id, version, status, reason, steps, lease_ms, lease_expires_at, lease_lapsed_at"
+    async with admin_pool.acquire() as conn, conn.transaction():
+        before = await conn.fetch(f"SELECT {columns} FROM saga_state ORDER BY saga_id")
+        await rebuild_saga_state(conn)
+        after = await conn.fetch(f"SELECT {columns} FROM saga_state ORDER BY saga_id")
+        assert [dict(r) for r in after] == [dict(r) for r in before]
+        mine = next(r for r in after if r["saga_id"] == saga_id)
+        assert mine["lease_lapsed_at"] is not None

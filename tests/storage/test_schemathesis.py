@@ -129,6 +129,13 @@ def load_schema(dev_mode: bool) -> OpenApiSchema:
                 **{name: {"enabled": True} for name in CHECKS},
                 # A valid renew or release of a lease that has run out is refused with 410
                 # lease_expired (DESIGN.md): the request was right, the lock's state says no.
+                # A negative body drawn larger than LOCKLEDGER_MAX_BODY_BYTES is refused before it is
+                # parsed, with 413 payload_too_large: a refusal like 422 (api/limits.py). Which cases are
+                # drawn that large depends on the document, so a new optional field can bring one.
+                "negative_data_rejection": {
+                    "enabled": True,
+                    "expected-statuses": ["400", "401", "403", "404", "406", "413", "422", "428", "5xx"],
+                },
                 "positive_data_acceptance": {
                     "enabled": True,
                     "expected-statuses": ["2xx", "3xx", "401", "403", "404", "409", "410", "429", "5xx"],
@@ -171,8 +178,9 @@ def fresh_idempotency_key(case: schemathesis.Case[Any]) -> None:
 
 def past_instants(case: schemathesis.Case[Any]) -> None:
     """Replay answers for past instants: a future ``at`` is 422 by design, and so is a ``to`` before
-    ``from``, which no schema can say. A positive case keeps its instants, moved into the past and put in
-    order; an instant that is itself the invalid part of a negative case stays as drawn."""
+    ``from``, and an instant UTC cannot write (``0001-01-01T00:00:00+00:01``, a minute before year 1),
+    which no schema can say. A positive case keeps its instants, moved into the past (or into UTC's years)
+    and put in order; an instant that is itself the invalid part of a negative case stays as drawn."""
     query = case.meta.components.get(ParameterLocation.QUERY) if case.meta else None
     if not case.query or (query is not None and not query.mode.is_positive):
         return
@@ -180,6 +188,8 @@ def past_instants(case: schemathesis.Case[Any]) -> None:
     for name in ("at", "from", "to"):
         value = case.query.get(name)
         with contextlib.suppress(TypeError, ValueError):
+            if isinstance(value, str) and not _in_utcs_years(datetime.fromisoformat(value)):
+                case.query[name] = value = "0001-01-01T00:00:00Z" if value < "5" else "9999-12-31T00:00:00Z"
             if isinstance(value, str) and datetime.fromisoformat(value) > now - timedelta(days=1):
                 case.query[name] = (now - timedelta(days=2)).isoformat()
     start, end = case.query.get("from"), case.query.get("to")
@@ -190,6 +200,14 @@ def past_instants(case: schemathesis.Case[Any]) -> None:
             and datetime.fromisoformat(end) < datetime.fromisoformat(start)
         ):
             case.query["from"], case.query["to"] = end, start
+
+
+def _in_utcs_years(instant: datetime) -> bool:
+    try:
+        instant.astimezone(UTC)
+    except OverflowError:
+        return False
+    return True
 
 
 def real_credentials(case: schemathesis.Case[Any], target: Target) -> None:

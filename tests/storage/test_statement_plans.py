@@ -25,17 +25,17 @@ import asyncpg
 import pytest
 
 from eventstore.connection import Connection
-from service import idempotency, lock_store, reaper
+from service import lock_store, reaper_store
 from service.config import Settings
 from service.database import COMMAND_PATH_SETTINGS, create_pool
 
 pytestmark = pytest.mark.storage
 
-TABLES = ("lock_state", "events", "idempotency_keys")
+TABLES = ("lock_state", "events", "idempotency_keys", "outage_beacon")
 STATEMENTS = {
     "load": lock_store.LOAD_SQL,
     "commit": lock_store.COMMIT_SQL,
-    "expire_due": reaper.EXPIRE_DUE_SQL,
+    "expire_due": reaper_store.EXPIRE_DUE_SQL,
 }
 
 
@@ -145,16 +145,16 @@ async def test_the_purge_is_planned_for_the_table_as_it_is(empty_tables: Connect
     """The purge is never prepared (its plan is not cached), and on a large table it deletes the old keys
     by row address instead of joining them against a scan of the whole table."""
     conn = empty_tables
-    assert await idempotency.purge_expired(conn, retention_s=3_600, batch=100) == 0
-    sent = idempotency.PURGE_SQL.format(retention_s=3_600, batch=100)
+    assert await reaper_store.purge_expired(conn, retention_s=3_600, batch=100) == 0
+    sent = reaper_store.PURGE_SQL.format(retention_s=3_600, batch=100)
     assert await conn.fetchval("SELECT count(*) FROM pg_prepared_statements WHERE statement = $1", sent) == 0
     await conn.execute(
         """INSERT INTO idempotency_keys (principal, key, fingerprint, resource, response, created_at)
            SELECT 'agent', 'key-' || n, '\\x00', 'zone:A3', '{}', now() - n * interval '1 second'
              FROM generate_series(1, 50000) AS n"""
     )
-    sql = idempotency.PURGE_SQL.format(retention_s=3_600, batch=5_000)
+    sql = reaper_store.PURGE_SQL.format(retention_s=3_600, batch=5_000)
     explained = "\n".join(row[0] for row in await conn.fetch(f"EXPLAIN {sql}"))
     assert "Tid Scan on idempotency_keys" in explained, explained  # the deletion itself, by row address
     assert "Join" not in explained, explained
-    assert await idempotency.purge_expired(conn, retention_s=3_600, batch=5_000) == 5_000
+    assert await reaper_store.purge_expired(conn, retention_s=3_600, batch=5_000) == 5_000

@@ -1,13 +1,13 @@
-"""Acquires that wait for a held lock (``wait_ms``; service/waiters.py), on a real PostgreSQL: woken by a
-release through this service or another, by a lapsed lease, in arrival order, never for a caller that
-has gone, and never breaking the lock's invariants under a crowd of waiters."""
+"""Acquires that wait for a held lock (``wait_ms``; service/waiters.py), on a real PostgreSQL: a crowd of
+waiters in two processes under real transactions, over HTTP, across a graceful shutdown and through a
+database outage. How waits behave (woken by a release here or elsewhere, by a lapsed lease, in arrival
+order, never for a caller that has gone) is tested on the fakes: tests/service/test_waiting_acquires.py."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -15,12 +15,11 @@ import httpx
 import pytest
 
 from domain.commands import Acquire, Release
-from domain.errors import LockHeld
 from domain.resource import TtlBounds
+from service.composition import lock_service_on_pool
 from service.database_guard import UNREACHABLE
 from service.errors import Unavailable
 from service.lock_service import CommandContext, LockService
-from service.outcomes import Granted
 from tests.conftest import ServerProcess, TestDatabase, assert_problem, frozen, granted, running_server
 
 pytestmark = pytest.mark.storage
@@ -34,15 +33,7 @@ GUARD_S = 20.0
 async def service(service_pool: asyncpg.Pool) -> AsyncIterator[LockService]:
     """A service of its own (its own memory and waiters), as each server process has. Its follower looks
     only once a minute, so what wakes its waiters within a test is this service's own commits."""
-    svc = LockService.on_pool(service_pool, BOUNDS, wait_poll_s=60)
-    yield svc
-    await svc.close()
-
-
-@pytest.fixture
-async def following(service_pool: asyncpg.Pool) -> AsyncIterator[LockService]:
-    """A service whose follower looks every 50 ms (the default), for what only the follower can see."""
-    svc = LockService.on_pool(service_pool, BOUNDS, wait_poll_s=0.05)
+    svc = lock_service_on_pool(service_pool, BOUNDS, wait_poll_s=60)
     yield svc
     await svc.close()
 
@@ -61,156 +52,6 @@ async def _events(pool: asyncpg.Pool, resource: str) -> list[tuple[str, str, int
     return [(r["event_type"], r["owner"], r["token"]) for r in rows]
 
 
-async def test_a_waiting_acquire_is_granted_when_the_holder_releases(
-    service: LockService, resource: str
-) -> None:
-    held = await _take(service, resource, "holder")
-    waiting = asyncio.create_task(
-        service.execute(Acquire(resource, "waiter", 30_000, wait_ms=10_000), CommandContext())
-    )
-    await asyncio.sleep(0.3)
-    assert not waiting.done()  # it waits rather than answering 409
-    await service.execute(Release(resource, "holder", held), CommandContext())
-    # Released through this same service: woken by the release, within the guard, where the follower
-    # (which would find the lock free at its next look) looks only once a minute.
-    result = await asyncio.wait_for(waiting, GUARD_S)
-    lease = granted(result)
-    assert lease.owner == "waiter"
-    assert lease.fencing_token > held
-
-
-async def test_a_release_through_another_process_wakes_the_waiter(
-    following: LockService, service_pool: asyncpg.Pool, resource: str
-) -> None:
-    service = following
-    other_process = LockService.on_pool(service_pool, BOUNDS)
-    held = await _take(other_process, resource, "holder")
-    waiting = asyncio.create_task(
-        service.execute(Acquire(resource, "waiter", 30_000, wait_ms=10_000), CommandContext())
-    )
-    await asyncio.sleep(0.3)
-    assert not waiting.done()
-    await other_process.execute(Release(resource, "holder", held), CommandContext())
-    result = await asyncio.wait_for(waiting, GUARD_S)
-    assert granted(result).owner == "waiter"
-
-
-async def test_a_lapsed_lease_is_taken_over_without_the_reaper(
-    following: LockService, service_pool: asyncpg.Pool, resource: str
-) -> None:
-    service = following
-    held = await _take(service, resource, "crashed", ttl_ms=500)  # its holder never comes back
-    started = time.monotonic()
-    result = await asyncio.wait_for(
-        service.execute(Acquire(resource, "waiter", 30_000, wait_ms=10_000), CommandContext()), GUARD_S
-    )
-    assert isinstance(result.outcome, Granted)
-    assert time.monotonic() - started > 0.3
-    assert await _events(service_pool, resource) == [
-        ("LOCK_ACQUIRED", "crashed", held),
-        ("LOCK_EXPIRED", "crashed", held),  # appended by the waiter's own acquire (no reaper runs here)
-        ("LOCK_ACQUIRED", "waiter", held + 2),
-    ]
-
-
-async def test_a_wait_that_runs_out_is_the_usual_refusal(service: LockService, resource: str) -> None:
-    await _take(service, resource, "holder")
-    started = time.monotonic()
-    with pytest.raises(LockHeld) as refused:
-        await service.execute(Acquire(resource, "waiter", 30_000, wait_ms=600), CommandContext())
-    waited = time.monotonic() - started
-    assert refused.value.holder == "holder"
-    assert waited >= 0.6
-
-
-async def test_the_server_maximum_cuts_a_longer_wait(service_pool: asyncpg.Pool, resource: str) -> None:
-    service = LockService.on_pool(service_pool, BOUNDS, max_wait_ms=400)
-    try:
-        await _take(service, resource, "holder")
-        started = time.monotonic()
-        with pytest.raises(LockHeld):
-            # Cut to 0.4 s: a 60 s wait would outlast the guard.
-            await asyncio.wait_for(
-                service.execute(Acquire(resource, "waiter", 30_000, wait_ms=60_000), CommandContext()),
-                GUARD_S,
-            )
-        assert time.monotonic() - started >= 0.4
-    finally:
-        await service.close()
-
-
-async def test_waiters_in_one_process_are_served_in_arrival_order(
-    service: LockService, service_pool: asyncpg.Pool, resource: str
-) -> None:
-    held = await _take(service, resource, "holder")
-    served: list[str] = []
-
-    async def wait_then_hold(owner: str) -> None:
-        result = await service.execute(Acquire(resource, owner, 30_000, wait_ms=15_000), CommandContext())
-        served.append(owner)
-        token = granted(result).fencing_token
-        await asyncio.sleep(0.02)
-        await service.execute(Release(resource, owner, token), CommandContext())
-
-    waiters = []
-    for index in range(6):
-        waiters.append(asyncio.create_task(wait_then_hold(f"w{index}")))
-        await asyncio.sleep(0.05)  # a definite arrival order
-    await service.execute(Release(resource, "holder", held), CommandContext())
-    await asyncio.wait_for(asyncio.gather(*waiters), GUARD_S)
-    assert served == [f"w{index}" for index in range(6)]
-    # A release wakes only the next in line (each waiter reads about twice: on arrival and on its turn);
-    # waking them all to race would cost one read per waiter per release (26 here).
-    assert service.reads < 3 * 6
-    acquired = [
-        (owner, token)
-        for kind, owner, token in await _events(service_pool, resource)
-        if kind == "LOCK_ACQUIRED"
-    ]
-    assert [owner for owner, _ in acquired] == ["holder", *served]
-    tokens = [token for _, token in acquired]
-    assert tokens == sorted(set(tokens))  # strictly increasing
-
-
-async def test_no_lock_is_taken_for_a_caller_that_has_gone(
-    service: LockService, service_pool: asyncpg.Pool, resource: str
-) -> None:
-    held = await _take(service, resource, "holder")
-    gone = asyncio.Event()
-
-    async def disconnected() -> bool:
-        return gone.is_set()
-
-    waiting = asyncio.create_task(
-        service.execute(
-            Acquire(resource, "ghost", 30_000, wait_ms=10_000), CommandContext(), abandoned=disconnected
-        )
-    )
-    await asyncio.sleep(0.2)
-    gone.set()
-    await service.execute(Release(resource, "holder", held), CommandContext())
-    with pytest.raises(LockHeld):
-        await asyncio.wait_for(waiting, GUARD_S)
-    kinds = [kind for kind, _, _ in await _events(service_pool, resource)]
-    assert kinds == ["LOCK_ACQUIRED", "LOCK_RELEASED"]  # the ghost took nothing
-
-
-async def test_retries_of_one_waiting_acquire_take_one_lease(service: LockService, resource: str) -> None:
-    """A client that timed out waiting retries under the same Idempotency-Key while its first request
-    still waits: one lease, and the retry replays it."""
-    held = await _take(service, resource, "holder")
-    context = CommandContext(principal="waiter", idempotency_key=str(uuid.uuid4()))
-    command = Acquire(resource, "waiter", 30_000, wait_ms=10_000)
-    first = asyncio.create_task(service.execute(command, context))
-    await asyncio.sleep(0.1)
-    retry = asyncio.create_task(service.execute(command, context))
-    await asyncio.sleep(0.1)
-    await service.execute(Release(resource, "holder", held), CommandContext())
-    results = await asyncio.wait_for(asyncio.gather(first, retry), GUARD_S)
-    assert results[0].outcome == results[1].outcome
-    assert sorted(r.replayed for r in results) == [False, True]
-
-
 AGENTS = 24
 RESOURCES = 3
 CYCLES_PER_AGENT = 6
@@ -222,7 +63,7 @@ async def test_a_crowd_of_waiters_keeps_one_holder_and_increasing_tokens(
     """Two services (two processes' worth of waiters) and 24 agents on three locks, every acquire
     waiting: no agent is ever refused, at most one holds each lock at any instant (checked as they hold
     it, and again in the log), and every grant's token is above the one before."""
-    services = [LockService.on_pool(service_pool, BOUNDS, wait_poll_s=0.02) for _ in range(2)]
+    services = [lock_service_on_pool(service_pool, BOUNDS, wait_poll_s=0.02) for _ in range(2)]
     resources = [f"{unique_prefix}hot{i}" for i in range(RESOURCES)]
     holders: dict[str, str | None] = dict.fromkeys(resources)
     overlaps: list[str] = []
@@ -336,16 +177,6 @@ async def test_a_graceful_shutdown_answers_waiting_acquires_at_once(database_url
             assert answer.headers["retry-after"] == "1"
             assert "shutting down" in answer.json()["detail"]
         await asyncio.to_thread(server.process.wait, GUARD_S)
-
-
-async def test_a_wait_that_runs_out_decides_once_more(service: LockService, resource: str) -> None:
-    """The answer at the deadline is a fresh decision: a lease that lapsed by then is taken over, though
-    nothing woke the waiter (this service's follower looks once a minute)."""
-    held = await _take(service, resource, "crashed", ttl_ms=600)
-    result = await service.execute(Acquire(resource, "waiter", 30_000, wait_ms=1_000), CommandContext())
-    lease = granted(result)
-    assert lease.owner == "waiter"
-    assert lease.fencing_token == held + 2  # after the LOCK_EXPIRED its own acquire appended
 
 
 async def test_a_database_gone_during_the_wait_is_503_not_a_stale_holder(

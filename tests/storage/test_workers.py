@@ -30,7 +30,7 @@ else:
     # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
     from conftest import ServerProcess, free_port, stop_process
 
-pytestmark = pytest.mark.storage
+pytestmark = [pytest.mark.storage, pytest.mark.slow]
 
 BURST = 64
 

@@ -9,11 +9,12 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServerProcess
+from tests.conftest import SERVER_SETTINGS, ServerProcess, running_server, scratch_database
 
 pytestmark = pytest.mark.slow
 
@@ -85,6 +86,14 @@ def test_the_sdk_installs_without_the_server(sdk_venv: Path) -> None:
     names = installed(sdk_venv)
     assert {"lockledger", "httpx", "stamina"} <= names
     assert not names & SERVER_ONLY, names & SERVER_ONLY
+
+
+@pytest.fixture(scope="module")
+def server(database_url: str) -> Iterator[ServerProcess]:
+    """A server of its own, on a database of its own: this test is about the SDK's install, not about the
+    state the suite's shared server is in."""
+    with scratch_database(database_url) as url, running_server(url, SERVER_SETTINGS) as proc:
+        yield proc
 
 
 def test_the_installed_sdk_holds_a_lease(sdk_venv: Path, server: ServerProcess, tmp_path: Path) -> None:

@@ -3,8 +3,8 @@
 The page loads without console errors; a lock acquired through the API appears within a second and its
 release removes it; the time slider shows the fleet before and after the acquire; a stuck saga is listed;
 with authentication on, the token form takes a dashboard token. Every test leaves a screenshot in
-``.artifacts/ui/``; with ``LOCKLEDGER_UPDATE_SCREENSHOTS=1`` the fleet view is also written to
-``docs/img/dashboard.png``. Chromium is never downloaded: without ``/usr/bin/chromium`` the tests skip
+``.artifacts/ui/`` (the README's is made from the simulator: ``docs/img/dashboard_screenshot.py``).
+Chromium is never downloaded: without ``/usr/bin/chromium`` the tests skip
 (and fail when ``CI`` is set: CI installs it, ``.ci/run``).
 """
 
@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +35,6 @@ from domain.access import Role
 
 if TYPE_CHECKING:
     from tests.conftest import IssueToken, ServerProcess
-else:
-    from conftest import IssueToken, ServerProcess
 
 pytestmark = pytest.mark.storage
 
@@ -55,7 +53,6 @@ CHROMIUM_ARGS = [
 ]
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / ".artifacts" / "ui"
-DOCS_SCREENSHOT = REPO / "docs" / "img" / "dashboard.png"
 LAPTOP = ViewportSize(width=1440, height=900)
 WITHIN_A_SECOND_MS = 1000  # the product's requirement for a lock to show up
 LOADED_MS = 10_000  # first load, replay answers, saga polls: generous, never a timing claim
@@ -244,6 +241,125 @@ async def test_a_lock_shows_within_a_second_leaves_on_release_and_the_slider_rep
     assert tab.errors == []
 
 
+async def test_a_long_holder_and_saga_are_shown_in_full_at_1400_px(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """Long ids never widen the table, and the holder and the saga are never cut: they wrap (and carry
+    their text as the cell's title too, what the pointer shows on hover)."""
+    await tab.page.set_viewport_size(ViewportSize(width=1400, height=900))
+    resource = f"{unique_prefix}zone:B7"
+    owner = "agv-north-warehouse-aisle-17-forklift-0042"
+    saga, step = f"{unique_prefix}move-pallet-from-dock-3-to-zone-b7", "carry-to-destination"
+    await tab.open(f"{server.base_url}/ui")
+    await acquire(api, resource, owner, 60_000, **{"X-Saga-ID": saga, "X-Saga-Step": step})
+    row = held_row(tab.page, resource)
+    await expect(row).to_be_visible(timeout=WITHIN_A_SECOND_MS)
+    cells = {
+        "holder": (row.locator("td").nth(1), owner),
+        "saga": (row.locator("td").nth(4), f"{saga} · {step}"),
+    }
+    for name, (cell, full) in cells.items():
+        await expect(cell).to_have_text(full)
+        await expect(cell).to_have_attribute("title", full)
+        cut = await cell.evaluate(
+            "(td) => td.scrollWidth > td.clientWidth || td.scrollHeight > td.clientHeight"
+        )
+        assert not cut, f"the {name} cell cuts its text"
+    table = await tab.page.locator("#held").evaluate("(t) => t.scrollWidth <= t.parentElement.clientWidth")
+    assert table, "the held-locks table is wider than its card"
+    assert tab.errors == []
+
+
+@pytest.mark.slow
+async def test_on_a_busy_fleet_the_events_near_the_instant_are_the_nearest_ones(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """More than a page of events (500 each side) in the 30 s before an instant: the list still shows the
+    events just before the instant, and its title says the window it narrowed to (not the first of 30 s)."""
+    await tab.open(f"{server.base_url}/ui")
+    gate = asyncio.Semaphore(16)
+
+    async def acquire_and_release(n: int) -> None:
+        async with gate:
+            lease = await acquire(api, f"{unique_prefix}busy:{n}", "agv-busy")
+            released = await api.post(
+                f"/v1/locks/{unique_prefix}busy:{n}/release",
+                json={"owner": "agv-busy", "fencing_token": lease["fencing_token"]},
+            )
+            assert released.status_code == 200, released.text
+
+    await asyncio.gather(*(acquire_and_release(n) for n in range(560)))  # 1,120 events
+    marker = f"{unique_prefix}after-the-rush"
+    lease = await acquire(api, marker, "agv-late", ttl_ms=5_000)
+    acquired_at = datetime.fromisoformat(lease["expires_at"]) - timedelta(milliseconds=lease["ttl_ms"])
+    # The instant well behind the slider's end (the page moves it every 500 ms; a busy machine is late).
+    await asyncio.sleep(max(0.0, 5.0 - (datetime.now(acquired_at.tzinfo) - acquired_at).total_seconds()))
+
+    await tab.scrub(acquired_at + timedelta(milliseconds=1500))
+    await expect(tab.page.locator("#events li", has_text=marker).first).to_contain_text("LOCK_ACQUIRED")
+    title = tab.page.locator("#events-title")
+    narrowed = re.compile(r"Events [\d.]+ m?s before to .* the nearest of a busy fleet")
+    await expect(title).to_contain_text(narrowed)
+    await expect(title).not_to_contain_text("first shown")
+    assert tab.errors == []
+
+
+async def test_the_timeline_draws_a_lane_per_resource_and_a_bar_per_lease(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """Three resources of one prefix: a lease released then taken by another agent, one the reaper expired
+    (marked), one force-released (marked); clicking a bar lists that lease's events."""
+    dock, zone, bay = (f"{unique_prefix}{name}" for name in ("dock", "zone", "bay"))
+    first = await acquire(api, dock, "agv-1")
+    released = await api.post(
+        f"/v1/locks/{dock}/release", json={"owner": "agv-1", "fencing_token": first["fencing_token"]}
+    )
+    assert released.status_code == 200, released.text
+    await acquire(api, dock, "agv-2")
+    await acquire(api, zone, "agv-3", ttl_ms=1000)  # nobody renews it: the reaper expires it
+    await acquire(api, bay, "agv-4")
+    forced = await api.post(f"/v1/locks/{bay}/force-release", json={"reason": "arm offline"})
+    assert forced.status_code == 200, forced.text
+    for _ in range(100):  # bounded: the reaper runs every 100 ms
+        if (await api.get(f"/v1/locks/{zone}")).status_code == 404:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1.2)  # the timeline ends a second before now: the last events inside it
+
+    await tab.open(f"{server.base_url}/ui")
+    await tab.page.locator("#tl-prefix").fill(unique_prefix)
+    await tab.page.get_by_role("button", name="Show").click()
+    chart = tab.page.locator("#tl-chart")
+    await expect(tab.page.locator("#tl-status")).to_contain_text("4 leases on 3 resources", timeout=LOADED_MS)
+    await expect(chart.locator("text.lane")).to_have_text([bay, dock, zone])
+    dock_bars = chart.locator(f'rect.lease[data-resource="{dock}"]')
+    await expect(dock_bars).to_have_count(2)
+    await expect(dock_bars.first).to_have_attribute("data-end", "released")
+    await expect(dock_bars.last).to_have_attribute("data-end", "held")
+    await expect(dock_bars.last).to_have_attribute("data-owner", "agv-2")
+    assert await dock_bars.first.get_attribute("fill") != await dock_bars.last.get_attribute("fill")
+    for resource, ending in [(zone, "expired"), (bay, "force-released")]:
+        bar = chart.locator(f'rect.lease[data-resource="{resource}"]')
+        await expect(bar).to_have_attribute("data-end", ending)
+    await expect(chart.locator("path.mark")).to_have_count(2)
+    await expect(chart.locator('path.mark[data-kind="expired"]')).to_have_count(1)
+
+    details = tab.page.locator("#tl-details li")
+    await dock_bars.last.click()
+    await expect(details).to_have_count(2)  # the lease's line, then its one event
+    await expect(details.first).to_contain_text("agv-2")
+    # The first lease lasted milliseconds of the 5 minutes: a sliver, reached from the keyboard.
+    await dock_bars.first.focus()
+    await tab.page.keyboard.press("Enter")
+    await expect(details).to_have_count(3)
+    await expect(details.nth(1)).to_contain_text("LOCK_ACQUIRED")
+    await expect(details.nth(2)).to_contain_text("LOCK_RELEASED")
+
+    await tab.scrub(datetime.now(UTC) - timedelta(seconds=3))
+    await expect(chart.locator("line.instant")).to_have_count(1)
+    assert tab.errors == []
+
+
 async def test_a_stuck_saga_is_listed(
     tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
 ) -> None:
@@ -253,6 +369,39 @@ async def test_a_stuck_saga_is_listed(
     stuck = tab.page.locator(f'#stuck li[data-saga="{saga_id}"]')
     await expect(stuck).to_be_visible(timeout=LOADED_MS)
     await expect(stuck).to_contain_text("arm offline (5)")
+    await expect(tab.page.locator(f'#sagas tr[data-saga="{saga_id}"]')).to_have_count(0)
+    running = f"{unique_prefix}move-43"  # a saga in flight shows its lease's time left
+    created = await api.post(
+        "/v1/sagas",
+        json={"saga_id": running, "name": "move", "owner": "agv-6", "steps": [{"name": "pick", "locks": []}]},
+    )
+    assert created.status_code == 201, created.text
+    lease = tab.page.locator(f'#sagas tr[data-saga="{running}"] td.lease')
+    await expect(lease).to_contain_text("of 30 s", timeout=LOADED_MS)
+    assert tab.errors == []
+
+
+async def test_a_saga_shows_its_lease_then_the_lapse_then_why_it_is_stuck(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """Nobody heartbeats this saga (1 s lease): the server's reaper fails its running step (the Lease
+    cell says lapsed), and at the second lapse the saga is stuck with the reason."""
+    await tab.open(f"{server.base_url}/ui")
+    saga_id = f"{unique_prefix}orphan"
+    created = await api.post(
+        "/v1/sagas",
+        json={
+            "saga_id": saga_id, "name": "move pallet", "owner": "agv-5", "lease_ms": 1000,
+            "steps": [{"name": s, "locks": [f"{saga_id}:{s}"]} for s in ("pick", "drop")],
+        },
+    )  # fmt: skip
+    assert created.status_code == 201, created.text
+    for step, action in [("pick", "start"), ("pick", "complete"), ("drop", "start")]:
+        await saga_step(api, saga_id, step, action)
+    lease = tab.page.locator(f'#sagas tr[data-saga="{saga_id}"] td.lease')
+    await expect(lease).to_contain_text("lapsed", timeout=LOADED_MS)
+    stuck = tab.page.locator(f'#stuck li[data-saga="{saga_id}"]')
+    await expect(stuck).to_contain_text("saga lease lapsed twice", timeout=LOADED_MS)
     await expect(tab.page.locator(f'#sagas tr[data-saga="{saga_id}"]')).to_have_count(0)
     assert tab.errors == []
 
@@ -345,6 +494,3 @@ async def test_the_fleet_at_a_glance(
         await expect(bars).not_to_have_count(0, timeout=LOADED_MS)
     await expect(held_row(tab.page, f"{unique_prefix}forklift:3")).to_have_count(0)
     assert tab.errors == []
-    if os.environ.get("LOCKLEDGER_UPDATE_SCREENSHOTS") == "1":
-        DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        await tab.page.screenshot(path=DOCS_SCREENSHOT)

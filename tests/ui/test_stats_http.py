@@ -12,8 +12,6 @@ from domain.access import Role
 
 if TYPE_CHECKING:
     from tests.conftest import IssueToken, ServerProcess
-else:
-    from conftest import IssueToken, ServerProcess
 
 pytestmark = pytest.mark.storage
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from lockledger.simulate_ledger import Ledger
+from lockledger.simulate.ledger import Ledger
 
 __all__ = ["AgentCrashed", "FaultyTransport", "Wire"]
 

@@ -6,12 +6,19 @@ Each AGV loops until the time is up. Mostly it runs a pallet-to-zone saga: step 
 pallet back (the pick's compensation). Sometimes it parks in a zone instead, holding the zone's lease
 (with heartbeats) for a while, so drives wait and time out. Few pallets and zones for many agents make
 them contend. With ``crash_probability`` a unit of work is cut short by a crash: the agent's network goes
-dead (``simulate_faults``), so its heartbeats stop and its leases are left to the reaper; it comes back
+dead (``faults``), so its heartbeats stop and its leases are left to the reaper; it comes back
 after a pause as a new incarnation and recovers the saga it was running (its id, as a robot would keep
 its current job on disk) from the server's log. With ``drop_probability`` a command's answer is lost after
 the server processed it, and the SDK's retry gets the stored answer under the same Idempotency-Key.
 
-Every grant an agent acts on goes through the ``Ledger`` (``simulate_ledger``): violations must be 0
+Each saga holds a lease of its own (``saga_lease``), heartbeated by the SDK; a saga that an error cut
+short is recovered by the agent before its next unit of work, and one whose orchestrator is gone for
+good (its agent halted at the end of the run) must be finished by the server: compensated, or ``stuck``
+after a second lapse. At the end the simulator waits out that deadline (two saga leases and a margin for
+the reaper) and counts every saga of the run still running or compensating as a violation
+(``sagas_unfinished``).
+
+Every grant an agent acts on goes through the ``Ledger`` (``ledger``): violations must be 0
 against a correct server. The seed fixes every random choice, not the interleaving with the server.
 
 Owners: without a token (a dev-mode server) each AGV is its own owner, ``{prefix}agv-07``; with a token
@@ -45,9 +52,9 @@ from lockledger.errors import (
     ValidationError,
 )
 from lockledger.lease import AsyncLease
-from lockledger.saga import AsyncSaga, SagaFailed, Step, StepContext, define, get_saga
-from lockledger.simulate_faults import AgentCrashed, FaultyTransport, Wire
-from lockledger.simulate_ledger import Ledger
+from lockledger.saga import AsyncSaga, SagaFailed, Step, StepContext, define, get_saga, list_sagas
+from lockledger.simulate.faults import AgentCrashed, FaultyTransport, Wire
+from lockledger.simulate.ledger import Ledger
 from lockledger_breaker import BreakerConfig, CircuitBreaker, CircuitOpen
 
 __all__ = ["Settings", "Simulation", "Summary"]
@@ -62,6 +69,11 @@ _PARK_TTLS = (0.5, 2.0)  # how long an AGV parks in a zone, in lease lengths (so
 _CRASH_AFTER_S = (0.0, 1.5)  # when, in a unit of work, a crash strikes
 _RESTART_TTLS = (0.5, 1.5)  # how long a crashed AGV stays down, in lease lengths: before or after expiry
 _GRACE_S = _PICK_TIMEOUT_S + _DRIVE_TIMEOUT_S + 2.0  # after the time is up, to finish the work at hand
+# A saga abandoned at the end is finished by the server within two leases (compensated at the first
+# lapse, stuck at the second), each noticed at the reaper's next pass: this margin covers the passes.
+_SETTLE_MARGIN_S = 2.0
+_ERROR_PAUSE_S = 0.5  # after an unexpected error (the server unreachable), before the next unit of work
+_UNFINISHED = ("running", "compensating")
 _SAGA_NAME = "sim-pallet-to-zone"
 # A breaker that reopens soon: lost answers are failures to it, and an AGV must not sit out the run.
 _BREAKER = BreakerConfig(wait_duration_in_open=1.0)
@@ -83,6 +95,7 @@ class Settings:
     prefix: str = "sim:"
     seed: int | None = None
     ttl: float = 2.0  # lease length, seconds: short, so crashed agents' leases expire within the run
+    saga_lease: float = 3.0  # a saga's own lease, seconds: short, so the server finishes abandoned ones soon
     crash_probability: float = 0.05  # per unit of work (a saga, or parking in a zone)
     drop_probability: float = 0.02  # per command
     park_probability: float = 0.2  # per unit of work: park in a zone rather than run a saga
@@ -99,8 +112,10 @@ class Settings:
         """``ValidationError`` (status 0) for settings no simulation can run with."""
         if self.agents < 1 or self.pallet_count < 1 or self.zone_count < 1:
             raise _refused("agents, pallets and zones are at least 1")
-        if not self.duration > 0 or not self.ttl >= 1.0:
-            raise _refused("duration is seconds > 0, and ttl seconds >= 1 (the server's least lease)")
+        if not self.duration > 0 or not self.ttl >= 1.0 or not self.saga_lease >= 1.0:
+            raise _refused(
+                "duration is seconds > 0, ttl and saga_lease seconds >= 1 (the server's least lease)"
+            )
         for name in ("crash_probability", "drop_probability", "park_probability"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise _refused(f"{name} is between 0 and 1")
@@ -126,6 +141,7 @@ class Counts:
     crashes: int = 0
     pallets_put_back: int = 0  # the pick's compensation ran (by the saga, or by a recovery)
     errors: int = 0  # a unit of work cut by an error other than the expected refusals
+    sagas_unfinished: int = 0  # still running or compensating past the server's deadline: violations
 
 
 Summary = dict[str, Any]
@@ -156,6 +172,7 @@ class Simulation:
         self._stop = asyncio.Event()
         self._halted = asyncio.Event()
         self._lives: dict[int, _Incarnation] = {}
+        self._unfinished_examples: list[str] = []
         self._started = 0.0
         self._definition = define(
             _SAGA_NAME,
@@ -186,6 +203,7 @@ class Simulation:
         try:
             with _quiet_sdk():
                 await self._drive_agents()
+                await self._settle_sagas()
         finally:
             if ticker is not None:
                 ticker.cancel()
@@ -247,9 +265,31 @@ class Simulation:
             "sagas_started": c.sagas_started, "sagas_completed": c.sagas_completed,
             "sagas_compensated": c.sagas_compensated, "sagas_failed": c.sagas_failed,
             "sagas_recovered": c.sagas_recovered, "pallets_put_back": c.pallets_put_back,
-            "parked": c.parked, "errors": c.errors,
-            "violations": self.ledger.violations, "violation_examples": list(self.ledger.examples),
+            "parked": c.parked, "errors": c.errors, "sagas_unfinished": c.sagas_unfinished,
+            "violations": self.ledger.violations + c.sagas_unfinished,
+            "violation_examples": [*self.ledger.examples, *self._unfinished_examples],
         }  # fmt: skip
+
+    async def _settle_sagas(self) -> None:
+        """Wait, at most until the server's deadline for sagas abandoned now (two saga leases and a
+        margin), for every saga of this run to be finished; count those still unfinished then."""
+        deadline = time.monotonic() + 2 * self.settings.saga_lease + _SETTLE_MARGIN_S
+        run = f"sim-{self._run}-"
+        async with AsyncClient(self.url, token=self.token, retry_attempts=2, retry_timeout=2.0) as client:
+            while True:
+                left = [
+                    view.saga_id
+                    for status in _UNFINISHED
+                    for view in await list_sagas(client, status)
+                    if view.saga_id.startswith(run)
+                ]
+                if not left or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(min(0.5, self.settings.saga_lease / 4))
+        self.counts.sagas_unfinished = len(left)
+        self._unfinished_examples = [
+            f"saga {saga_id} unfinished past its lease deadline" for saga_id in left[:5]
+        ]
 
     # --- one AGV -------------------------------------------------------------------------------------
 
@@ -290,9 +330,15 @@ class Simulation:
         return _Incarnation(incarnation, f"{agent_id}#{incarnation}", client, transport)
 
     async def _live(self, index: int, life: _Incarnation, rng: random.Random) -> str | None:
-        """Units of work until the time is up (None) or a crash (the id of the saga it cut, if any)."""
+        """Units of work until the time is up (None) or a crash (the id of the saga it cut, if any). After
+        a unit an error cut short (the server was unreachable), the agent pauses, then recovers the saga
+        it was running, if any, before the next unit of work (or once the time is up)."""
         sequence = 0
+        cut: str | None = None
         while not self._stop.is_set():
+            if cut is not None:
+                await self._recover(life, cut)
+                cut = None
             sequence += 1
             saga_id: str | None = None
             if rng.random() < self.settings.park_probability:
@@ -317,6 +363,12 @@ class Simulation:
                 return saga_id
             if error is not None:
                 raise error
+            if work.result():
+                cut = saga_id
+                with contextlib.suppress(TimeoutError):  # not a busy loop against a dead server
+                    await asyncio.wait_for(self._stop.wait(), _ERROR_PAUSE_S)
+        if cut is not None:
+            await self._recover(life, cut)
         return None
 
     def _crash(self, life: _Incarnation) -> None:
@@ -325,7 +377,8 @@ class Simulation:
 
     # --- parking in a zone ---------------------------------------------------------------------------
 
-    async def _park(self, life: _Incarnation, rng: random.Random) -> None:
+    async def _park(self, life: _Incarnation, rng: random.Random) -> bool:
+        """Park in a zone for a while; whether an error cut it short."""
         zone = self._zone(rng)
         try:
             async with life.client.lock(zone, ttl=self.settings.ttl, wait=_PARK_WAIT_S) as lease:
@@ -342,15 +395,19 @@ class Simulation:
         except (LockLedgerError, CircuitOpen, AgentCrashed):
             if not life.transport.crashed:  # a crashed agent's unwinding is not an outcome
                 self.counts.errors += 1
+                return True
+        return False
 
     # --- the saga ------------------------------------------------------------------------------------
 
-    async def _move(self, life: _Incarnation, saga_id: str, rng: random.Random) -> None:
+    async def _move(self, life: _Incarnation, saga_id: str, rng: random.Random) -> bool:
+        """One saga; whether an error cut it short (then the agent recovers it next)."""
         pallet, zone = self._pallet(rng), self._zone(rng)
         params = {"pallet": pallet, "zone": zone}
         self.counts.sagas_started += 1
+        lease = self.settings.saga_lease
         try:
-            async with life.client.saga(saga_id, self._definition, params=params) as saga:
+            async with life.client.saga(saga_id, self._definition, params=params, lease=lease) as saga:
                 await saga.step("pick", action=self._work(life, pallet, rng.uniform(*_PICK_S)),
                                 compensate=self._put_back_under(life, saga, pallet))  # fmt: skip
                 await saga.step("drive", action=self._work(life, zone, rng.uniform(*_DRIVE_S)))
@@ -363,8 +420,10 @@ class Simulation:
             if not life.transport.crashed:
                 self.counts.sagas_failed += 1
                 self.counts.errors += 1
+                return True
         else:
             self.counts.sagas_completed += 1
+        return False
 
     def _count_failed(self, failed: SagaFailed) -> None:
         if failed.reason == "timeout":
@@ -408,7 +467,7 @@ class Simulation:
             view = await get_saga(life.client, saga_id)
             if view.finished:
                 return
-            await life.client.saga(saga_id, self._definition).recover(view)
+            await life.client.saga(saga_id, self._definition, lease=self.settings.saga_lease).recover(view)
         except NotFound:  # the crash came before the server heard of it
             return
         except _FATAL:

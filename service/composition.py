@@ -1,0 +1,72 @@
+"""The use cases wired to their PostgreSQL adapters: what the server and the reaper command run.
+
+The use cases take their ports by constructor (``service/ports.py``); this is the one place that picks
+the PostgreSQL adapters for them, so tests can wire the in-memory fakes (``service/fakes/``) instead.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from domain.resource import TtlBounds
+from service.clock import SystemClock
+from service.config import Settings
+from service.database_guard import DatabaseGuard
+from service.lock_service import LockService
+from service.notifier import PostgresNotifier
+from service.outage import OutageWatch
+from service.reaper import Reaper
+from service.reaper_store import PostgresReaperStore
+from service.saga_service import SagaService
+from service.saga_store import PostgresSagaStore
+from service.store import PostgresStore
+from service.store_adapters import Adapters, build_store
+from service.waiters import Waiters
+
+
+def lock_service_on_pool(
+    pool: asyncpg.Pool,
+    bounds: TtlBounds,
+    *,
+    adapters: Adapters | None = None,
+    guard: DatabaseGuard | None = None,
+    conflict_retries: int = 16,
+    acquire_timeout_s: float = 5.0,
+    max_wait_ms: int = 30_000,
+    wait_poll_s: float = 0.05,
+    outage_watch: OutageWatch | None = None,
+) -> LockService:
+    """The lock use case on PostgreSQL, its store wrapped in ``adapters`` (all on unless said otherwise),
+    and extending leases after an outage when given the process's ``outage_watch``."""
+    guard = guard or DatabaseGuard()
+    store = build_store(
+        PostgresStore(pool, acquire_timeout_s), guard, adapters or Adapters(), SystemClock(), outage_watch
+    )
+    waiters = Waiters(PostgresNotifier(pool, acquire_timeout_s), poll_s=wait_poll_s)
+    return LockService(
+        store, bounds, waiters, guard, conflict_retries=conflict_retries, max_wait_ms=max_wait_ms
+    )
+
+
+def saga_service_on_pool(
+    pool: asyncpg.Pool, guard: DatabaseGuard, *, acquire_timeout_s: float = 5.0, conflict_retries: int = 16
+) -> SagaService:
+    """The saga use case on PostgreSQL, every round trip through ``guard``."""
+    store = PostgresSagaStore(pool, acquire_timeout_s)
+    return SagaService(store, guard, conflict_retries=conflict_retries)
+
+
+def reaper_on_pool(
+    pool: asyncpg.Pool,
+    settings: Settings,
+    *,
+    reaper_id: str | None = None,
+    outage_watch: OutageWatch | None = None,
+) -> Reaper:
+    """The reaper on PostgreSQL, its saga pass through a saga use case of its own (and its own guard)."""
+    timeout_s = settings.pool_acquire_timeout_s
+    sagas = saga_service_on_pool(
+        pool, DatabaseGuard(), acquire_timeout_s=timeout_s, conflict_retries=settings.conflict_retries
+    )
+    store = PostgresReaperStore(pool, timeout_s)
+    return Reaper(store, sagas, settings, reaper_id=reaper_id, outage_watch=outage_watch)
