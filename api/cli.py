@@ -154,7 +154,6 @@ _UVICORN_OPTIONS: dict[str, Any] = {
 
 
 APP_FACTORY = "api.app:create_app"
-REAPER_STOP_TIMEOUT_S = 5.0  # how long the reaper command waits for its last beat and its pool to close
 
 
 @app.command()
@@ -285,28 +284,53 @@ def run_reaper(
 
     configure_logging(log_level.value)
 
-    async def main(url: str) -> None:
+    async def main(url: str) -> signal.Signals | None:
         settings = Settings(database_url=url)
         pool = await create_pool(settings)
         outage_watch = OutageWatch.for_settings(pool, settings)
         reaper = reaper_on_pool(pool, settings, outage_watch=outage_watch)
+        stopped_by = _stop_on_signals(reaper.stop, outage_watch.stop)
         console.print(f"reaper {reaper.reaper_id} running; Ctrl-C to stop")
         beacon = asyncio.create_task(outage_watch.run())
         try:
             await reaper.run()
         finally:
-            # Bounded: Ctrl-C ends the process promptly even if a beat or a connection hangs.
             outage_watch.stop()
-            try:
-                await asyncio.wait_for(beacon, REAPER_STOP_TIMEOUT_S)
-                await asyncio.wait_for(pool.close(), REAPER_STOP_TIMEOUT_S)
-            except TimeoutError:
-                pool.terminate()
+            await beacon
+            await pool.close()
+        return stopped_by[0] if stopped_by else None
 
     with _sigterm_unwinds():
         url, _ = _resolve_database(database_url, data_dir)
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(main(url))
+        try:
+            stopped_by = asyncio.run(main(url))
+        except asyncio.CancelledError:  # a second signal: stopped without waiting for the pass to end
+            raise SystemExit(128 + signal.SIGINT) from None
+    if stopped_by == signal.SIGTERM:
+        raise SystemExit(128 + signal.SIGTERM)
+
+
+def _stop_on_signals(*stops: Callable[[], None]) -> list[signal.Signals]:
+    """Make SIGINT and SIGTERM ask the running loop's workers to stop after their current pass; a second
+    signal cancels the main task instead. Returns the list the first signal is recorded in.
+
+    A stop the workers see beats a cancellation: one that lands as a timeout expires can be swallowed
+    on Python 3.11 (``asyncio.wait_for``), and the process then runs on after Ctrl-C."""
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    received: list[signal.Signals] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        if received and main_task is not None:
+            main_task.cancel()
+            return
+        received.append(signum)
+        for stop in stops:
+            stop()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    return received
 
 
 async def _with_connection(url: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:

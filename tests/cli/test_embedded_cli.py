@@ -191,6 +191,7 @@ def test_reaper_runs_on_the_embedded_server_and_stops_it(
             reaper.wait(10)
             pytest.fail(f"the reaper did not stop within 30 s of {stop.name}:\n{log.read_text()[-6000:]}")
         assert "Traceback" not in log.read_text()
+        assert "reaper stopped" in log.read_text(), "it stopped after its pass, not cut off mid-way"
     finally:
         if reaper.poll() is None:
             reaper.kill()
