@@ -142,6 +142,31 @@ def scratch_database_url(database_url: str) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def own_database(database_url: str) -> Iterator[str]:
+    """A migrated database of the module's own: no test server's reaper works on it, and no other
+    module's test sees what it holds (leases left to lapse, histories written without lock_state rows,
+    which a rebuild test on the shared database would find)."""
+    with scratch_database(database_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+async def own_service_pool(own_database: str) -> AsyncIterator[asyncpg.Pool]:
+    """``service_pool`` on the module's own database."""
+    pool = await create_pool(Settings(database_url=own_database, reaper_enabled=False))
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture(scope="module")
+async def own_admin_pool(own_database: str) -> AsyncIterator[asyncpg.Pool]:
+    """``admin_pool`` on the module's own database."""
+    pool = await create_pool(Settings(database_url=own_database, reaper_enabled=False), role="")
+    yield pool
+    await pool.close()
+
+
 @pytest.fixture(scope="session")
 def settings(database_url: str) -> Settings:
     return Settings(database_url=database_url, reaper_enabled=False)

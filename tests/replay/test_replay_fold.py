@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -27,9 +25,7 @@ from domain.events import event_payload, stamp
 from domain.state import LockState, initial_state
 from eventstore.connection import Connection
 from eventstore.dburl import asyncpg_dsn
-from migrations.upgrade import upgrade
 from projections.replay import state_at
-from tests.conftest import TestDatabase, _replace_database, _run_admin
 
 pytestmark = pytest.mark.storage
 
@@ -127,20 +123,6 @@ def _instants(logged: list[Logged], start: datetime) -> list[datetime]:
         for instant in (event.recorded_at, deadline):
             marks += [instant - timedelta(microseconds=1), instant, instant + timedelta(microseconds=1)]
     return marks
-
-
-@pytest.fixture(scope="module")
-def own_database(test_database: TestDatabase) -> Iterator[str]:
-    """A migrated database of its own: the histories written here have no lock_state rows (they are not
-    the service's), which the rebuild tests on the shared database would find."""
-    name = f"lockledger_fold_{uuid.uuid4().hex[:10]}"
-    _run_admin(test_database.url, f'CREATE DATABASE "{name}"')
-    url = _replace_database(test_database.url, name)
-    upgrade(url)
-    try:
-        yield url
-    finally:
-        _run_admin(test_database.url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

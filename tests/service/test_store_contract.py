@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import asyncpg
 import pytest
 
 from domain.commands import Acquire, Command, Release, Renew
@@ -39,8 +38,6 @@ from domain.saga import fold as fold_saga
 from domain.state import LockState
 from domain.timestamps import format_timestamp
 from service.clock import SettableClock
-from service.config import Settings
-from service.database import create_pool
 from service.database_guard import DatabaseGuard
 from service.fakes.database import MemoryDatabase
 from service.fakes.lock_store import MemoryLockStore
@@ -67,7 +64,7 @@ from service.saga_store import PostgresSagaStore
 from service.store import PostgresStore
 from service.store_adapters import InFlightOrdering, Remembering
 from service.waiters import Waiters
-from tests.conftest import granted, scratch_database
+from tests.conftest import granted
 
 SHORT_MS = 50  # a lease that lapses within the test
 BOUNDS = TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000)
@@ -88,20 +85,6 @@ class Ports:
     pass_time: Pass
 
 
-@pytest.fixture(scope="module")
-def own_database(database_url: str) -> Iterator[str]:
-    """A database no server's reaper works on: these tests let leases lapse and expire them."""
-    with scratch_database(database_url) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-async def service_pool(own_database: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await create_pool(Settings(database_url=own_database, reaper_enabled=False))
-    yield pool
-    await pool.close()
-
-
 @pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.storage)])
 def ports(request: pytest.FixtureRequest) -> Ports:
     if request.param == "memory":
@@ -118,7 +101,7 @@ def ports(request: pytest.FixtureRequest) -> Ports:
             MemoryNotifier(database),
             advance,
         )
-    pool = request.getfixturevalue("service_pool")
+    pool = request.getfixturevalue("own_service_pool")
     return Ports(
         PostgresStore(pool, acquire_timeout_s=5.0),
         PostgresSagaStore(pool, acquire_timeout_s=5.0),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -29,37 +28,14 @@ from eventstore.event_ids import new_event_ids
 from eventstore.verify import verify_chains
 from service import lock_store
 from service.composition import lock_service_on_pool
-from service.config import Settings
-from service.database import create_pool
 from service.idempotency import fingerprint
 from service.lock_service import CommandContext
 from service.ports import AppendPlan, Committed, Idempotency
-from tests.conftest import granted, scratch_database
+from tests.conftest import granted
 
 pytestmark = pytest.mark.storage
 
 BOUNDS = TtlBounds(min_ms=1_000, max_ms=600_000, default_ms=30_000)
-
-
-@pytest.fixture(scope="module")
-def own_database(database_url: str) -> Iterator[str]:
-    """A database no server's reaper works on: these tests let leases lapse and expect to expire them."""
-    with scratch_database(database_url) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-async def service_pool(own_database: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await create_pool(Settings(database_url=own_database, reaper_enabled=False))
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture(scope="module")
-async def admin_pool(own_database: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await create_pool(Settings(database_url=own_database, reaper_enabled=False), role="")
-    yield pool
-    await pool.close()
 
 
 def _plan(state: LockState, command: Command, now: datetime, key: str | None = None) -> AppendPlan:
@@ -90,10 +66,10 @@ async def _types(conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], resourc
 
 
 async def test_each_plan_of_a_batch_stands_or_falls_on_its_own(
-    service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str
+    own_service_pool: asyncpg.Pool, own_admin_pool: asyncpg.Pool, unique_prefix: str
 ) -> None:
     new, free, stale, lapsed_renew, lapsed_acquire = (f"{unique_prefix}{n}" for n in range(5))
-    async with service_pool.acquire() as conn:
+    async with own_service_pool.acquire() as conn:
         # Prepare: `free` acquired and released; `stale`, `lapsed_*` acquired with short leases.
         for resource, ttl in ((free, 5_000), (stale, 60_000), (lapsed_renew, 1_000), (lapsed_acquire, 1_000)):
             state, now = await _state(conn, resource)
@@ -123,7 +99,7 @@ async def test_each_plan_of_a_batch_stands_or_falls_on_its_own(
         results = await lock_store.commit_many(conn, plans)
 
     assert [r is not None for r in results] == [True, True, False, False, True]
-    async with admin_pool.acquire() as conn:
+    async with own_admin_pool.acquire() as conn:
         assert await _types(conn, new) == ["LOCK_ACQUIRED"]
         assert await _types(conn, free) == ["LOCK_ACQUIRED", "LOCK_RELEASED", "LOCK_ACQUIRED"]
         assert await _types(conn, stale) == ["LOCK_ACQUIRED"]
@@ -149,11 +125,11 @@ async def test_each_plan_of_a_batch_stands_or_falls_on_its_own(
 
 
 async def test_a_batch_that_fails_writes_nothing(
-    service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str
+    own_service_pool: asyncpg.Pool, own_admin_pool: asyncpg.Pool, unique_prefix: str
 ) -> None:
     first, second = f"{unique_prefix}a", f"{unique_prefix}b"
     key = f"{unique_prefix}taken"
-    async with service_pool.acquire() as conn:
+    async with own_service_pool.acquire() as conn:
         state, now = await _state(conn, f"{unique_prefix}owner-of-key")
         plan = _plan(state, Acquire(f"{unique_prefix}owner-of-key", "bot1", 30_000), now, key=key)
         assert await commit_one(conn, plan) is not None
@@ -163,7 +139,7 @@ async def test_a_batch_that_fails_writes_nothing(
             plans.append(_plan(state, Acquire(resource, "bot1", 30_000), now, key=plan_key))
         with pytest.raises(asyncpg.UniqueViolationError):
             await lock_store.commit_many(conn, plans)
-    async with admin_pool.acquire() as conn:
+    async with own_admin_pool.acquire() as conn:
         assert await _types(conn, first) == []
         assert await _types(conn, second) == []
         assert (
@@ -174,8 +150,8 @@ async def test_a_batch_that_fails_writes_nothing(
         )
 
 
-async def test_a_batch_of_one_and_of_none(service_pool: asyncpg.Pool, unique_prefix: str) -> None:
-    async with service_pool.acquire() as conn:
+async def test_a_batch_of_one_and_of_none(own_service_pool: asyncpg.Pool, unique_prefix: str) -> None:
+    async with own_service_pool.acquire() as conn:
         assert await lock_store.commit_many(conn, []) == []
         resource = f"{unique_prefix}alone"
         state, now = await _state(conn, resource)
@@ -189,14 +165,14 @@ async def test_a_batch_of_one_and_of_none(service_pool: asyncpg.Pool, unique_pre
 
 @pytest.mark.parametrize("processes", [1, 3], ids=["one-service", "three-services"])
 async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
-    service_pool: asyncpg.Pool, admin_pool: asyncpg.Pool, unique_prefix: str, processes: int
+    own_service_pool: asyncpg.Pool, own_admin_pool: asyncpg.Pool, unique_prefix: str, processes: int
 ) -> None:
     """48 agents on 12 resources for 3 s through the coalescing service: one holder at a time per
     resource (no grant while another agent believes it holds), tokens strictly increasing, every
     acknowledged command in the log, and the projection equal to a fold of the events. With three
     services each command goes to one at random, as to three server processes: each decides on what it
     remembers, which the others keep making stale."""
-    services = [lock_service_on_pool(service_pool, BOUNDS) for _ in range(processes)]
+    services = [lock_service_on_pool(own_service_pool, BOUNDS) for _ in range(processes)]
     resources = [f"{unique_prefix}r{i}" for i in range(12)]
     holders: dict[str, str] = {}
     grants: dict[str, list[int]] = {r: [] for r in resources}
@@ -234,7 +210,7 @@ async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
     for tokens in grants.values():
         assert tokens == sorted(set(tokens))
 
-    async with admin_pool.acquire() as conn:
+    async with own_admin_pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT stream_id, stream_version, event_type, data FROM events WHERE stream_id = ANY($1::text[])"
             " ORDER BY stream_id, stream_version",
@@ -264,7 +240,7 @@ async def test_concurrent_workload_through_coalescing_keeps_the_invariants(
 
 
 async def test_both_statements_store_the_event_ids_the_appender_made(
-    service_pool: asyncpg.Pool, unique_prefix: str, monkeypatch: pytest.MonkeyPatch
+    own_service_pool: asyncpg.Pool, unique_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The ids come from ``new_event_ids``, not the column's ``gen_random_uuid()`` (three system calls per
     event in an embedded PostgreSQL built without OpenSSL), and chain like any other."""
@@ -277,7 +253,7 @@ async def test_both_statements_store_the_event_ids_the_appender_made(
 
     monkeypatch.setattr(append, "new_event_ids", recorded)
     alone, first, second = (f"{unique_prefix}{n}" for n in ("alone", "first", "second"))
-    async with service_pool.acquire() as conn:
+    async with own_service_pool.acquire() as conn:
         state, now = await _state(conn, alone)
         assert await commit_one(conn, _plan(state, Acquire(alone, "bot1", 30_000), now)) is not None
         plans = []
