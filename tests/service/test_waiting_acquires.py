@@ -1,6 +1,7 @@
 """Acquires that wait for a held lock (``wait_ms``; service/waiters.py), on the in-memory fakes: woken by
 a release through this service or another, by a lapsed lease, in arrival order, never for a caller that
-has gone, and never breaking the lock's invariants under a crowd of waiters. The PostgreSQL notifier is
+has gone, and never breaking the lock's invariants under a crowd of waiters (that one on PostgreSQL too,
+under real transactions). The PostgreSQL notifier is
 held to the fake's contract by ``tests/service/test_store_contract.py``; the waits over HTTP, across a
 shutdown and through a database outage stay on PostgreSQL (``tests/storage/test_waiting_acquire.py``)."""
 
@@ -8,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import pytest
 
 from domain.commands import Acquire, Release
 from domain.errors import LockHeld
-from domain.events import LockAcquired
 from domain.resource import TtlBounds
 from service.clock import SettableClock
+from service.composition import lock_service_on_pool
 from service.fakes.database import MemoryDatabase
 from service.lock_service import CommandContext, LockService
 from tests.conftest import granted
@@ -219,12 +221,50 @@ RESOURCES = 3
 CYCLES_PER_AGENT = 6
 
 
-async def test_a_crowd_of_waiters_keeps_one_holder_and_increasing_tokens(database: MemoryDatabase) -> None:
+@dataclass(frozen=True)
+class Crowd:
+    """Where a crowd of waiters runs: services over one store, and that store's log of a resource as
+    (event type, fencing token) pairs."""
+
+    new_service: Callable[[], LockService]
+    log: Callable[[str], Awaitable[list[tuple[str, int]]]]
+    prefix: str
+
+
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.storage)])
+def crowd(request: pytest.FixtureRequest, database: MemoryDatabase) -> Crowd:
+    """The fakes, or PostgreSQL under real transactions (services whose followers poll every 20 ms)."""
+    if request.param == "memory":
+
+        async def memory_log(resource: str) -> list[tuple[str, int]]:
+            return [
+                (e.type, e.fencing_token) for e in database.events[resource] if hasattr(e, "fencing_token")
+            ]
+
+        return Crowd(lambda: lock_service_in_memory(database, BOUNDS, wait_poll_s=0.005), memory_log, "")
+    pool = request.getfixturevalue("service_pool")
+
+    async def postgres_log(resource: str) -> list[tuple[str, int]]:
+        rows = await pool.fetch(
+            "SELECT event_type, (data->>'fencing_token')::bigint AS token"
+            " FROM events WHERE stream_id = $1 ORDER BY stream_version",
+            resource,
+        )
+        return [(r["event_type"], r["token"]) for r in rows]
+
+    return Crowd(
+        lambda: lock_service_on_pool(pool, BOUNDS, wait_poll_s=0.02),
+        postgres_log,
+        f"t{uuid.uuid4().hex[:12]}:",
+    )
+
+
+async def test_a_crowd_of_waiters_keeps_one_holder_and_increasing_tokens(crowd: Crowd) -> None:
     """Two services (two processes' worth of waiters) and 24 agents on three locks, every acquire
     waiting: no agent is ever refused, at most one holds each lock at any instant (checked as they hold
     it, and again in the log), and every grant's token is above the one before."""
-    services = [lock_service_in_memory(database, BOUNDS, wait_poll_s=0.005) for _ in range(2)]
-    resources = [f"hot{i}" for i in range(RESOURCES)]
+    services = [crowd.new_service() for _ in range(2)]
+    resources = [f"{crowd.prefix}hot{i}" for i in range(RESOURCES)]
     holders: dict[str, str | None] = dict.fromkeys(resources)
     overlaps: list[str] = []
     grants: dict[str, list[int]] = {r: [] for r in resources}
@@ -240,12 +280,12 @@ async def test_a_crowd_of_waiters_keeps_one_holder_and_increasing_tokens(databas
                 overlaps.append(f"{owner} and {holders[resource]} on {resource}")
             holders[resource] = owner
             grants[resource].append(token)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.001)
             holders[resource] = None
             await service.execute(Release(resource, owner, token), CommandContext())
 
     try:
-        await asyncio.wait_for(asyncio.gather(*(agent(i) for i in range(AGENTS))), 60)
+        await asyncio.wait_for(asyncio.gather(*(agent(i) for i in range(AGENTS))), 120)
     finally:
         for service in services:
             await service.close()
@@ -253,7 +293,7 @@ async def test_a_crowd_of_waiters_keeps_one_holder_and_increasing_tokens(databas
     assert sum(len(tokens) for tokens in grants.values()) == AGENTS * CYCLES_PER_AGENT
     for resource in resources:
         assert grants[resource] == sorted(set(grants[resource]))
-        events = database.events[resource]
+        events = await crowd.log(resource)
         # Every grant is followed by its own release before the next grant: one holder at a time.
-        assert [event.type for event in events] == ["LOCK_ACQUIRED", "LOCK_RELEASED"] * len(grants[resource])
-        assert [e.fencing_token for e in events if isinstance(e, LockAcquired)] == grants[resource]
+        assert [kind for kind, _ in events] == ["LOCK_ACQUIRED", "LOCK_RELEASED"] * len(grants[resource])
+        assert [token for kind, token in events if kind == "LOCK_ACQUIRED"] == grants[resource]
