@@ -1004,23 +1004,9 @@ class _InThreads:
     def agent_id(self) -> str | None:
         return self._client.agent_id
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: dict[str, Any] | None = None,
-        params: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-        idempotency_key: str | None = None,
-        wait: float = 0.0,
-    ) -> Reply:
-        return await asyncio.to_thread(
-            functools.partial(
-                self._client.request, method, path, json=json, params=params, headers=headers,
-                idempotency_key=idempotency_key, wait=wait,
-            )
-        )  # fmt: skip
+    async def request(self, method: str, path: str, **options: Any) -> Reply:
+        """``SagaClient.request``, run in a worker thread."""
+        return await asyncio.to_thread(functools.partial(self._client.request, method, path, **options))
 
 
 class Saga:
