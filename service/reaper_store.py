@@ -29,6 +29,10 @@ WITH due AS (
     SELECT resource, version, owner, fencing_token, expires_at
       FROM lock_state
      WHERE status = 'held' AND {lapsed_sql("expires_at", "clock_timestamp()")}
+       -- The same bound, stable for the statement, so that the partial index on expires_at stops at the
+       -- first deadline still ahead: clock_timestamp() (volatile, and the one re-checked on each locked
+       -- row) cannot bound an index scan, which then walked every held lease on every pass.
+       AND expires_at <= statement_timestamp()
        -- With $3 (the outage threshold, ms): nothing while the beacon is older than it. An outage has
        -- just ended and its extension (service/outage.py) is not written yet; a pass that was in flight
        -- when the database stopped must not expire what lapsed during the outage.

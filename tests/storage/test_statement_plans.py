@@ -18,8 +18,10 @@ The Idempotency-Key purge, a DELETE that cannot be written as key lookups, is in
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -158,3 +160,33 @@ async def test_the_purge_is_planned_for_the_table_as_it_is(empty_tables: Connect
     assert "Tid Scan on idempotency_keys" in explained, explained  # the deletion itself, by row address
     assert "Join" not in explained, explained
     assert await reaper_store.purge_expired(conn, retention_s=3_600, batch=5_000) == 5_000
+
+
+async def test_a_reaper_pass_reads_only_the_leases_that_are_due(empty_tables: Connection) -> None:
+    """With thousands of leases held and none due, the expiry statement reads a page or two of the
+    deadline index, not every held lease: its scan is bounded by the deadline, and a pass that expires
+    nothing touches no row."""
+    conn = empty_tables
+    await conn.execute("DELETE FROM lock_state")  # the copy's three rows are due
+    await conn.execute(
+        """INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at,
+                                   updated_at)
+           SELECT 'zone:' || n, 1, 'held', 'agv-' || n, 1, 30000, now() + interval '30 seconds', now()
+             FROM generate_series(1, 5000) n"""
+    )
+    await conn.execute("ANALYZE lock_state")
+    # Run, not only planned: nothing is due, so it writes nothing.
+    rows = await conn.fetch(
+        f"EXPLAIN (ANALYZE, FORMAT JSON) {reaper_store.EXPIRE_DUE_SQL}", 1_000, "probe", 3_000
+    )
+    explained = json.loads(rows[0][0])[0]["Plan"]
+    scans = [node for node in _nodes(explained) if node.get("Relation Name") == "lock_state"]
+    assert scans, explained
+    assert all(node.get("Rows Removed by Filter", 0) == 0 for node in scans), scans
+    assert sum(node.get("Actual Rows", 0) for node in scans) == 0, scans
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)
