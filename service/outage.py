@@ -21,7 +21,6 @@ least twice the beacon interval: an outage that no instance's beacon noticed is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from eventstore.event_ids import event_id_sql
 from eventstore.payloads import build_payload_sql, timestamp_text_sql
 from service.config import Settings
 from service.database_guard import is_unreachable
+from service.stopping import pause_unless_stopped
 
 log = structlog.get_logger("lockledger.outage")
 
@@ -280,8 +280,7 @@ class OutageWatch:
                 if not failing:
                     log.warning("beacon not written; the next command beats first", error=repr(error))
                 failing = True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self._interval_s)
+            await pause_unless_stopped(self._stop, self._interval_s)
 
     def stop(self) -> None:
         self._stop.set()

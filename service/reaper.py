@@ -9,7 +9,6 @@ first, then lapses the due sagas through the saga use case (``service/saga_lapse
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import asyncpg
@@ -21,6 +20,7 @@ from service.outage import OutageWatch, instance_id
 from service.ports import ReaperStore
 from service.saga_lapse import lapse_sagas
 from service.saga_service import SagaService
+from service.stopping import pause_unless_stopped
 
 log = structlog.get_logger("lockledger.reaper")
 
@@ -69,8 +69,7 @@ class Reaper:
                 log.warning("reaper pass failed; retrying", error=str(error))
                 found = 0
             if found < self._settings.reaper_batch_size:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self._settings.reaper_interval_ms / 1000)
+                await pause_unless_stopped(self._stop, self._settings.reaper_interval_ms / 1000)
         log.info(
             "reaper stopped", reaper_id=self.reaper_id, expired=self.expired_count, lapsed=self.lapsed_count
         )
