@@ -34,6 +34,16 @@ BOUNDS = TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000)
 
 
 @pytest.fixture
+def clock() -> SettableClock:
+    return SettableClock()
+
+
+@pytest.fixture
+def database(clock: SettableClock) -> MemoryDatabase:
+    return MemoryDatabase(clock)
+
+
+@pytest.fixture
 def resource() -> str:
     return f"t{uuid.uuid4().hex[:12]}:zone"
 

@@ -39,6 +39,16 @@ AGENT = SagaContext(principal="bot1")
 
 
 @pytest.fixture
+def clock() -> SettableClock:
+    return SettableClock()
+
+
+@pytest.fixture
+def database(clock: SettableClock) -> MemoryDatabase:
+    return MemoryDatabase(clock)
+
+
+@pytest.fixture
 def sagas(database: MemoryDatabase) -> SagaService:
     return saga_service_in_memory(database)
 

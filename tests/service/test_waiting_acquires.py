@@ -31,6 +31,16 @@ RESOURCE = "zone:A3"
 
 
 @pytest.fixture
+def clock() -> SettableClock:
+    return SettableClock()
+
+
+@pytest.fixture
+def database(clock: SettableClock) -> MemoryDatabase:
+    return MemoryDatabase(clock)
+
+
+@pytest.fixture
 async def service(database: MemoryDatabase) -> AsyncIterator[LockService]:
     """A service of its own (its own memory and waiters), as each server process has. Its follower looks
     only once a minute, so what wakes its waiters within a test is this service's own commits."""
