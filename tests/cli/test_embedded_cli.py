@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from eventstore import embedded
-from tests.conftest import free_port
+from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ import typer
 from domain.access import Role
 from lockledger import AsyncClient
 from lockledger.client import LeaseInfo
-from tests.conftest import IssueToken, ServerProcess, free_port
+from tests.servers import IssueToken, ServerProcess, free_port
 
 pytestmark = pytest.mark.storage
 

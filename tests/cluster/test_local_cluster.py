@@ -36,7 +36,7 @@ from eventstore.cluster import (
     postgres_bin_dir,
 )
 from migrations.upgrade import upgrade
-from tests.conftest import running_server
+from tests.servers import running_server
 
 pytestmark = pytest.mark.slow
 

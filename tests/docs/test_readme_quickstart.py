@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
 

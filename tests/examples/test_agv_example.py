@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ServerProcess
+from tests.servers import ServerProcess
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

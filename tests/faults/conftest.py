@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServerProcess, free_port
 from tests.faults.postgres import PrivatePostgres
 from tests.faults.processes import ReaperFactory, ReaperProcess, ServerFactory
+from tests.servers import ServerProcess, free_port
 
 
 @pytest.fixture(scope="package")

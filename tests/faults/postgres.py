@@ -23,7 +23,7 @@ import psutil
 
 from eventstore.embedded import EmbeddedPostgres, start
 from migrations.upgrade import upgrade
-from tests.conftest import frozen
+from tests.servers import frozen
 
 DATABASE = "lockledger_faults"
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.conftest import ServerProcess, stop_process
+from tests.servers import ServerProcess, stop_process
 
 
 def _log_tail(path: Path, lines: int = 20) -> str:

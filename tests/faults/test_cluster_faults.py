@@ -53,10 +53,10 @@ from eventstore.cluster import ETCD_PACKAGE, ClusterError, ClusterState, LocalCl
 from eventstore.dburl import asyncpg_dsn
 from eventstore.digest import Digest, compute_digest
 from migrations.upgrade import upgrade
-from tests.conftest import ServerProcess, free_port
 from tests.faults.history import Audit, History, audit_http
 from tests.faults.load import MIN_ACKED, Load, LoadProfile
 from tests.faults.report import conclude
+from tests.servers import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 

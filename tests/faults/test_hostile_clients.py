@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import socket
 import time
-from typing import TYPE_CHECKING
 
 import httpx
 import psutil
@@ -22,11 +21,7 @@ from domain.access import Role
 from service.lock_service import LockService
 from tests.faults.processes import ServerFactory
 from tests.hostile_clients import BACKLOG_EVENTS, backlog, hang_up_mid_body, log_lines, stalled_reader
-
-if TYPE_CHECKING:
-    from tests.conftest import IssueToken
-else:
-    from conftest import IssueToken
+from tests.servers import IssueToken
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ServerProcess
+from tests.servers import ServerProcess
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

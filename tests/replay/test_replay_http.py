@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from domain.access import Role
-from tests.conftest import IssueToken, ServerProcess, assert_problem
+from tests.assertions import assert_problem
+from tests.servers import IssueToken, ServerProcess
 
 pytestmark = pytest.mark.storage
 

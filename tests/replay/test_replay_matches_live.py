@@ -19,7 +19,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.conftest import ServerProcess, running_server
+from tests.servers import ServerProcess, running_server
 
 pytestmark = pytest.mark.storage
 

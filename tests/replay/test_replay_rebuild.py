@@ -12,7 +12,7 @@ from domain.commands import Acquire, Release
 from projections.rebuild import REPLAY_INDEXES, rebuild_replay_indexes
 from projections.replay import Change, LiveLease, StateAt, changes, state_at
 from service.lock_service import CommandContext, LockService
-from tests.conftest import granted
+from tests.assertions import granted
 
 pytestmark = pytest.mark.storage
 

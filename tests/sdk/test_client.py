@@ -31,7 +31,7 @@ from lockledger import (
 )
 from lockledger.client import LeaseInfo, LockInfo, Released
 from lockledger.errors import IdempotencyKeyReused, error_from_response
-from tests.conftest import ServerProcess, free_port
+from tests.servers import ServerProcess, free_port
 
 pytestmark = pytest.mark.storage
 

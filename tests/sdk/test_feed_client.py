@@ -20,7 +20,7 @@ import pytest
 from domain.access import Role
 from lockledger import AsyncClient, Client, Forbidden
 from lockledger.feed import FeedEvent, SseMessage, parse_sse
-from tests.conftest import IssueToken, ServerProcess
+from tests.servers import IssueToken, ServerProcess
 
 WAIT_S = 60.0
 

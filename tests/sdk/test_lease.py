@@ -14,7 +14,7 @@ import pytest
 from lockledger import AsyncClient, BreakerConfig, CircuitBreaker, Client, LockHeld, LockLost
 from lockledger.client import LeaseInfo
 from lockledger.errors import Unavailable
-from tests.conftest import ServerProcess, free_port, running_server
+from tests.servers import ServerProcess, free_port, running_server
 
 pytestmark = pytest.mark.storage
 

@@ -16,7 +16,7 @@ import pytest
 from domain.access import Role
 from lockledger import AsyncClient, Client, Forbidden, Unauthorized, Unavailable, ValidationError
 from lockledger.client import ExportedEvent, LeaseInfo, ReplayState
-from tests.conftest import IssueToken, ServerProcess
+from tests.servers import IssueToken, ServerProcess
 
 pytestmark = pytest.mark.storage
 

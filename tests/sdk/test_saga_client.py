@@ -27,7 +27,7 @@ from lockledger.saga import (
     get_saga,
     registry,
 )
-from tests.conftest import IssueToken, ServerProcess
+from tests.servers import IssueToken, ServerProcess
 
 # --- without a server ----------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from lockledger.simulate.ledger import Ledger
-from tests.conftest import ServerProcess
+from tests.servers import ServerProcess
 
 pytestmark = pytest.mark.storage
 

@@ -27,20 +27,10 @@ from service.lock_service import CommandContext, LockService
 from service.outcomes import CommandResult, Released
 from service.ports import LoadRequest
 from service.store_adapters import Remembering
-from tests.conftest import granted
+from tests.assertions import granted
 from tests.in_memory import lock_service_in_memory
 
 BOUNDS = TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000)
-
-
-@pytest.fixture
-def clock() -> SettableClock:
-    return SettableClock()
-
-
-@pytest.fixture
-def database(clock: SettableClock) -> MemoryDatabase:
-    return MemoryDatabase(clock)
 
 
 @pytest.fixture

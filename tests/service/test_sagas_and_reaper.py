@@ -29,23 +29,13 @@ from service.errors import IdempotencyKeyReused
 from service.fakes.database import MemoryDatabase
 from service.lock_service import CommandContext
 from service.saga_service import SagaContext, SagaService
-from tests.conftest import granted
+from tests.assertions import granted
 from tests.in_memory import lock_service_in_memory, reaper_in_memory, saga_service_in_memory
 
 BOUNDS = TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000)
 SETTINGS = Settings(reaper_enabled=False)
 STEPS = (StepDef("pick", ("pallet:42",)), StepDef("drive", ("zone:A3",)))
 AGENT = SagaContext(principal="bot1")
-
-
-@pytest.fixture
-def clock() -> SettableClock:
-    return SettableClock()
-
-
-@pytest.fixture
-def database(clock: SettableClock) -> MemoryDatabase:
-    return MemoryDatabase(clock)
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ from service.saga_store import PostgresSagaStore
 from service.store import PostgresStore
 from service.store_adapters import InFlightOrdering, Remembering
 from service.waiters import Waiters
-from tests.conftest import granted
+from tests.assertions import granted
 
 SHORT_MS = 50  # a lease that lapses within the test
 BOUNDS = TtlBounds(min_ms=10, max_ms=60_000, default_ms=30_000)

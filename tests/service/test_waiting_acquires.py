@@ -21,23 +21,13 @@ from service.clock import SettableClock
 from service.composition import lock_service_on_pool
 from service.fakes.database import MemoryDatabase
 from service.lock_service import CommandContext, LockService
-from tests.conftest import granted
+from tests.assertions import granted
 from tests.in_memory import lock_service_in_memory
 
 BOUNDS = TtlBounds(min_ms=10, max_ms=600_000, default_ms=30_000)
 # Far above what any wait below needs, so a missed wake fails the test instead of hanging the suite.
 GUARD_S = 20.0
 RESOURCE = "zone:A3"
-
-
-@pytest.fixture
-def clock() -> SettableClock:
-    return SettableClock()
-
-
-@pytest.fixture
-def database(clock: SettableClock) -> MemoryDatabase:
-    return MemoryDatabase(clock)
 
 
 @pytest.fixture

@@ -10,18 +10,14 @@ import asyncio
 import json
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-if TYPE_CHECKING:
-    from tests.conftest import assert_problem
-else:
-    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
-    from conftest import assert_problem
+from tests.assertions import assert_problem
 
 pytestmark = pytest.mark.storage
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import asyncpg
 import httpx
@@ -16,11 +15,7 @@ import pytest
 
 from domain.access import Action, Role, allows
 from lockledger import AsyncClient, Forbidden, Unauthorized
-
-if TYPE_CHECKING:
-    from tests.conftest import IssueToken, ServerProcess
-else:
-    from conftest import IssueToken, ServerProcess
+from tests.servers import IssueToken, ServerProcess
 
 pytestmark = pytest.mark.storage
 

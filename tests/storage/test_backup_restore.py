@@ -29,7 +29,8 @@ from service.config import Settings
 from service.database import create_pool
 from service.lock_service import CommandContext
 from tests import replica
-from tests.conftest import TEST_DATABASE_URL_ENV, granted
+from tests.assertions import granted
+from tests.databases import TEST_DATABASE_URL_ENV
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

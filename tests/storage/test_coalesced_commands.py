@@ -31,7 +31,7 @@ from service.composition import lock_service_on_pool
 from service.idempotency import fingerprint
 from service.lock_service import CommandContext
 from service.ports import AppendPlan, Committed, Idempotency
-from tests.conftest import granted
+from tests.assertions import granted
 
 pytestmark = pytest.mark.storage
 

@@ -17,19 +17,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
 from eventstore.verify import verify_chains
-
-if TYPE_CHECKING:
-    from tests.conftest import ServerProcess, free_port
-else:
-    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
-    from conftest import ServerProcess, free_port
+from tests.servers import ServerProcess, free_port
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

@@ -16,7 +16,8 @@ import pytest
 
 from lockledger import AsyncClient, BreakerConfig, CircuitBreaker, CircuitOpen, State, Unavailable
 from service.database_guard import NOT_TRIED, STALLED
-from tests.conftest import ServerProcess, TestDatabase, free_port, frozen
+from tests.databases import TestDatabase
+from tests.servers import ServerProcess, free_port, frozen
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import asyncpg
 import httpx
@@ -26,11 +25,9 @@ from eventstore.dburl import asyncpg_dsn
 from eventstore.digest import Digest, PositionBeyondLog, compute_digest, verify_digest
 from migrations.upgrade import upgrade
 from service.lock_service import CommandContext, LockService
-
-if TYPE_CHECKING:
-    from tests.conftest import IssueToken, ServerProcess, TestDatabase, _replace_database, assert_problem
-else:
-    from conftest import IssueToken, ServerProcess, TestDatabase, _replace_database, assert_problem
+from tests.assertions import assert_problem
+from tests.databases import TestDatabase, replace_database
+from tests.servers import IssueToken, ServerProcess
 
 pytestmark = pytest.mark.storage
 
@@ -45,7 +42,7 @@ async def fresh_url(test_database: TestDatabase) -> AsyncIterator[str]:
     server = await asyncpg.connect(asyncpg_dsn(test_database.url))
     try:
         await server.execute(f'CREATE DATABASE "{name}"')
-        url = _replace_database(test_database.url, name)
+        url = replace_database(test_database.url, name)
         await asyncio.to_thread(upgrade, url)
         conn = await asyncpg.connect(asyncpg_dsn(url))
         try:

@@ -14,7 +14,7 @@ import json
 import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import httpx
@@ -26,11 +26,7 @@ from domain.commands import Acquire
 from eventstore.tail import Tail, Window
 from lockledger.feed import SseMessage, parse_sse
 from service.lock_service import CommandContext, LockService
-
-if TYPE_CHECKING:
-    from tests.conftest import IssueToken, ServerProcess, running_server
-else:
-    from conftest import IssueToken, ServerProcess, running_server
+from tests.servers import IssueToken, ServerProcess, running_server
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

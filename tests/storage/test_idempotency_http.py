@@ -13,17 +13,13 @@ import json
 import time
 import uuid
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
-if TYPE_CHECKING:
-    from tests.conftest import assert_problem
-else:
-    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
-    from conftest import assert_problem
+from tests.assertions import assert_problem
 
 pytestmark = pytest.mark.storage
 

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import httpx
@@ -22,12 +22,8 @@ import uvicorn
 from api.app import create_app
 from api.http_protocol import GuardedHttpToolsProtocol
 from service.config import Settings
-
-if TYPE_CHECKING:
-    from tests.conftest import PROBLEM_JSON, ServerProcess, assert_problem, free_port, running_server
-else:
-    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
-    from conftest import PROBLEM_JSON, ServerProcess, assert_problem, free_port, running_server
+from tests.assertions import PROBLEM_JSON, assert_problem
+from tests.servers import ServerProcess, free_port, running_server
 
 pytestmark = pytest.mark.storage
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import pytest
@@ -24,11 +24,7 @@ import pytest
 from domain.access import Role
 from service.lock_service import LockService
 from tests.hostile_clients import backlog, hang_up_mid_body, log_lines, stalled_reader
-
-if TYPE_CHECKING:
-    from tests.conftest import IssueToken, ServerProcess, free_port
-else:
-    from conftest import IssueToken, ServerProcess, free_port
+from tests.servers import IssueToken, ServerProcess, free_port
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

@@ -28,7 +28,7 @@ from service.lock_service import CommandContext, LockService
 from service.outage import OutageWatch
 from service.reaper_store import due_sagas
 from service.saga_service import SagaContext
-from tests.conftest import granted
+from tests.assertions import granted
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

@@ -17,7 +17,8 @@ import pytest
 
 from api.health import NO_WRITABLE_PRIMARY
 from eventstore.dburl import asyncpg_dsn
-from tests.conftest import PROBLEM_JSON, ServerProcess, free_port
+from tests.assertions import PROBLEM_JSON
+from tests.servers import ServerProcess, free_port
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

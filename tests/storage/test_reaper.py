@@ -35,10 +35,10 @@ from service.lock_service import CommandContext, LockService
 from service.outcomes import ForceReleased, Granted
 from service.reaper import Reaper
 from service.reaper_store import expire_due
-from tests.conftest import granted
+from tests.assertions import granted
 
 if TYPE_CHECKING:
-    from tests.conftest import ServerProcess
+    from tests.servers import ServerProcess
 
 pytestmark = pytest.mark.storage
 

@@ -15,7 +15,7 @@ from domain.commands import Acquire, Release, Renew
 from domain.resource import TtlBounds
 from service.composition import lock_service_on_pool
 from service.lock_service import CommandContext, LockService
-from tests.conftest import granted
+from tests.assertions import granted
 
 pytestmark = pytest.mark.storage
 

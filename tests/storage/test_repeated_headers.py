@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import httpx
@@ -21,12 +21,8 @@ from hypothesis import strategies as st
 from api.limits import SINGLE_VALUE_HEADERS
 from domain.access import Role
 from tests.api.routing import bench_app
-
-if TYPE_CHECKING:
-    from tests.conftest import IssueToken, ServerProcess, assert_problem
-else:
-    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
-    from conftest import IssueToken, ServerProcess, assert_problem
+from tests.assertions import assert_problem
+from tests.servers import IssueToken, ServerProcess
 
 pytestmark = pytest.mark.storage
 

@@ -16,19 +16,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
 from tests import replica
-
-if TYPE_CHECKING:
-    from tests.conftest import ServerProcess, TestDatabase, free_port
-else:
-    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
-    from conftest import ServerProcess, TestDatabase, free_port
+from tests.databases import TestDatabase
+from tests.servers import ServerProcess, free_port
 
 pytestmark = pytest.mark.storage
 

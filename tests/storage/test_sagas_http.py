@@ -16,7 +16,7 @@ import json
 import re
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import httpx
@@ -31,11 +31,8 @@ from service.composition import saga_service_on_pool
 from service.database_guard import DatabaseGuard
 from service.reaper_store import due_sagas
 from service.saga_lapse import lapse_sagas
-
-if TYPE_CHECKING:
-    from tests.conftest import IssueToken, ServerProcess, assert_problem
-else:
-    from conftest import IssueToken, ServerProcess, assert_problem
+from tests.assertions import assert_problem
+from tests.servers import IssueToken, ServerProcess
 
 pytestmark = pytest.mark.storage
 

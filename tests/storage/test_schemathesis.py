@@ -23,7 +23,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import httpx
@@ -38,12 +38,7 @@ from eventstore.dburl import asyncpg_dsn
 from service import tokens
 from service.config import Settings
 from service.idempotency import MAX_KEY_LENGTH
-
-if TYPE_CHECKING:
-    from tests.conftest import ServerProcess
-else:
-    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
-    from conftest import ServerProcess
+from tests.servers import ServerProcess
 
 pytestmark = pytest.mark.storage
 

@@ -19,16 +19,11 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
-if TYPE_CHECKING:
-    from tests.conftest import free_port, stop_process
-else:
-    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
-    from conftest import free_port, stop_process
+from tests.servers import free_port, stop_process
 
 pytestmark = pytest.mark.storage
 

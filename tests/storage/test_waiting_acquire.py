@@ -20,7 +20,9 @@ from service.composition import lock_service_on_pool
 from service.database_guard import UNREACHABLE
 from service.errors import Unavailable
 from service.lock_service import CommandContext, LockService
-from tests.conftest import ServerProcess, TestDatabase, assert_problem, frozen, granted, running_server
+from tests.assertions import assert_problem, granted
+from tests.databases import TestDatabase
+from tests.servers import ServerProcess, frozen, running_server
 
 pytestmark = pytest.mark.storage
 

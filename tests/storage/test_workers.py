@@ -16,19 +16,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 import psutil
 import pytest
 
 from api.workers import QUICK_DEATHS_TO_GIVE_UP, backoff_s
-
-if TYPE_CHECKING:
-    from tests.conftest import ServerProcess, free_port, stop_process
-else:
-    # pytest imports the rootdir conftest as the top-level module ``conftest`` (tests/ has no __init__.py).
-    from conftest import ServerProcess, free_port, stop_process
+from tests.servers import ServerProcess, free_port, stop_process
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port, stop_process
+from tests.servers import free_port, stop_process
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SERVER_SETTINGS, ServerProcess, running_server, scratch_database
+from tests.databases import scratch_database
+from tests.servers import SERVER_SETTINGS, ServerProcess, running_server
 
 pytestmark = pytest.mark.slow
 

@@ -12,13 +12,8 @@ import pytest
 
 from service.config import Settings
 from service.database import create_pool
-from tests.conftest import (
-    AUTH_SERVER_SETTINGS,
-    SERVER_SETTINGS,
-    ServerProcess,
-    running_server,
-    scratch_database,
-)
+from tests.databases import scratch_database
+from tests.servers import AUTH_SERVER_SETTINGS, SERVER_SETTINGS, ServerProcess, running_server
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ from playwright.async_api import (
 from domain.access import Role
 
 if TYPE_CHECKING:
-    from tests.conftest import IssueToken, ServerProcess
+    from tests.servers import IssueToken, ServerProcess
 
 pytestmark = pytest.mark.storage
 

@@ -11,7 +11,7 @@ import pytest
 from domain.access import Role
 
 if TYPE_CHECKING:
-    from tests.conftest import IssueToken, ServerProcess
+    from tests.servers import IssueToken, ServerProcess
 
 pytestmark = pytest.mark.storage
 
