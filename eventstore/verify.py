@@ -56,28 +56,71 @@ class VerifyReport:
         return self.broken is None
 
 
+class ChainWalk:
+    """Recompute hash chains over events fed in stream-version order, one stream after another.
+
+    A walk may span several sources read one after another (archive files in time order, then the live
+    log): it keeps each stream's last version and hash (``heads``), so a stream that goes on in the next
+    source chains to where the previous one left it. The last source is walked with ``forget=True``: a
+    stream's head is dropped once its run ends, so memory stays flat however many streams it holds.
+    """
+
+    def __init__(self, heads: dict[str, tuple[int, bytes]] | None = None) -> None:
+        self.heads: dict[str, tuple[int, bytes]] = dict(heads or {})
+        self.events = 0
+        self.streams = len(self.heads)
+        self._current: str | None = None
+
+    def step(
+        self,
+        stream_id: str,
+        version: int,
+        event_id: str,
+        event_type: str,
+        data: str,
+        metadata: str,
+        recorded_at: datetime,
+        hash_: bytes,
+        *,
+        forget: bool = False,
+    ) -> BrokenLink | None:
+        """Check one event against its stream's previous one; the broken link, or None."""
+        if stream_id != self._current:
+            if forget and self._current is not None:
+                self.heads.pop(self._current, None)
+            self._current = stream_id
+            if stream_id not in self.heads:
+                self.streams += 1
+        last_version, previous = self.heads.get(stream_id, (0, b""))
+        if version != last_version + 1:
+            return BrokenLink(stream_id, last_version + 1, f"version {last_version + 1} is missing")
+        digest = event_hash(previous, stream_id, version, event_id, event_type, data, metadata, recorded_at)
+        if digest != hash_:
+            return BrokenLink(stream_id, version, "hash does not match the event's content")
+        self.heads[stream_id] = (version, digest)
+        self.events += 1
+        return None
+
+    def end_source(self) -> None:
+        """The source being walked has ended: the next one starts its streams afresh."""
+        self._current = None
+
+    def report(self, broken: BrokenLink | None = None) -> VerifyReport:
+        return VerifyReport(self.events, self.streams, broken)
+
+
 async def verify_chains(
-    conn: Connection, progress: Callable[[int], None] | None = None, batch: int = 10_000
+    conn: Connection,
+    progress: Callable[[int], None] | None = None,
+    batch: int = 10_000,
+    walk: ChainWalk | None = None,
 ) -> VerifyReport:
-    """Walk every stream in version order; stop at the first event whose hash does not match."""
-    count = streams = 0
-    stream: str | None = None
-    previous = b""
-    expected_version = 0
+    """Walk every stream in version order; stop at the first event whose hash does not match. ``walk``
+    carries on a walk that earlier sources (archive files) began."""
+    walk = walk if walk is not None else ChainWalk()
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         async for row in conn.cursor(READ_SQL, prefetch=batch):
-            if row["stream_id"] != stream:
-                stream, previous, expected_version = row["stream_id"], b"", 0
-                streams += 1
-            expected_version += 1
-            if row["stream_version"] != expected_version:
-                return VerifyReport(
-                    count,
-                    streams,
-                    BrokenLink(row["stream_id"], expected_version, f"version {expected_version} is missing"),
-                )
-            digest = event_hash(
-                previous,
+            broken = walk.step(
                 row["stream_id"],
                 row["stream_version"],
                 row["event_id"],
@@ -85,17 +128,11 @@ async def verify_chains(
                 row["data"],
                 row["metadata"],
                 row["recorded_at"],
+                bytes(row["hash"]),
+                forget=True,
             )
-            if digest != bytes(row["hash"]):
-                return VerifyReport(
-                    count,
-                    streams,
-                    BrokenLink(
-                        row["stream_id"], row["stream_version"], "hash does not match the event's content"
-                    ),
-                )
-            previous = digest
-            count += 1
-            if progress is not None and count % batch == 0:
-                progress(count)
-    return VerifyReport(count, streams, None)
+            if broken is not None:
+                return walk.report(broken)
+            if progress is not None and walk.events % batch == 0:
+                progress(walk.events)
+    return walk.report()
