@@ -16,9 +16,9 @@ from sqlalchemy import (
     Index,
     LargeBinary,
     MetaData,
+    PrimaryKeyConstraint,
     Table,
     Text,
-    PrimaryKeyConstraint,
     UniqueConstraint,
     text,
 )

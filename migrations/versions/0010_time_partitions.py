@@ -2,9 +2,10 @@
 
 The existing table becomes the first partition as it is: its rows, positions and hashes never move. It
 loses its identity (the new parent's continues after the highest position the old one gave out) and its
-chain trigger (the parent's is cloned onto every partition), is attached for the time it already
-covers up to the next UTC midnight (one scan of it, to check the range), and the parent's indexes are built on it where the old ones do not match. A DEFAULT partition takes
-any event no partition covers, so an append never fails for a missing partition;
+chain trigger (the parent's is cloned onto every partition), is attached for the time it already covers
+up to the next UTC midnight (one scan of it, to check the range), and the parent's indexes are built on
+it where the old ones do not match. A DEFAULT partition takes any event no partition covers, so an
+append never fails for a missing partition;
 ``events_create_partitions`` (the service's reaper calls it, ``service/reaper.py``) creates the next
 ones ahead. Decision: docs/decisions/0044-time-partitioned-events.md.
 
@@ -46,7 +47,8 @@ _COLUMNS = """
     event_type text CONSTRAINT events_event_type_not_null NOT NULL,
     data jsonb CONSTRAINT events_data_not_null NOT NULL,
     metadata jsonb DEFAULT '{}'::jsonb CONSTRAINT events_metadata_not_null NOT NULL,
-    recorded_at timestamp with time zone DEFAULT clock_timestamp() CONSTRAINT events_recorded_at_not_null NOT NULL,
+    recorded_at timestamp with time zone DEFAULT clock_timestamp()
+        CONSTRAINT events_recorded_at_not_null NOT NULL,
     tx_id xid8 DEFAULT pg_current_xact_id() CONSTRAINT events_tx_id_not_null NOT NULL,
     hash bytea CONSTRAINT events_hash_not_null NOT NULL"""
 
@@ -151,8 +153,8 @@ BEGIN
             EXECUTE format('CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON public.%I'
                            ' FOR EACH STATEMENT EXECUTE FUNCTION public.events_refuse_change()',
                            partition_name);
-            EXECUTE format('ALTER TABLE public.events ATTACH PARTITION public.%I FOR VALUES FROM (%L) TO (%L)',
-                           partition_name, lower_bound, upper_bound);
+            EXECUTE format('ALTER TABLE public.events ATTACH PARTITION public.%I'
+                           ' FOR VALUES FROM (%L) TO (%L)', partition_name, lower_bound, upper_bound);
             created := created + 1;
         EXCEPTION WHEN check_violation THEN
             RAISE WARNING 'events_default holds events recorded in [%, %): that range stays there',

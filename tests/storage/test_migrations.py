@@ -99,8 +99,8 @@ SELECT c.relname AS table_name, a.attname AS column_name, format_type(a.atttypid
 
 _INDEXES_SQL = """
 SELECT tablename, indexname,
-       replace(replace(indexdef, ' ON ONLY ' || schemaname || '.', ' ON ONLY '), ' ON ' || schemaname || '.', ' ON ')
-       AS definition
+       replace(replace(indexdef, ' ON ONLY ' || schemaname || '.', ' ON ONLY '),
+               ' ON ' || schemaname || '.', ' ON ') AS definition
   FROM pg_indexes
  WHERE schemaname = :schema AND tablename = ANY(:tables)
  ORDER BY 1, 2
