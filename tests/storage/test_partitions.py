@@ -21,7 +21,7 @@ from eventstore.dburl import asyncpg_dsn
 from eventstore.digest import compute_digest, verify_digest
 from eventstore.verify import verify_chains
 from migrations.upgrade import alembic_config, upgrade
-from service.composition import lock_service_on_pool
+from service.composition import lock_service_on_pool, reaper_on_pool
 from service.config import Settings
 from service.database import create_pool
 from service.lock_service import CommandContext
@@ -305,3 +305,20 @@ async def test_conversion_keeps_positions_hashes_and_the_digest_both_ways(databa
     assert ok
     assert again[len(back)][0] > back[-1][0]
     assert await _digest_holds(url, digest_back)
+
+
+async def test_a_reaper_pass_creates_the_partitions_ahead(
+    scratch_database_url: str, admin: asyncpg.Connection
+) -> None:
+    settings = Settings(
+        database_url=scratch_database_url, reaper_enabled=False, partition_interval="day", partitions_ahead=6
+    )
+    pool = await create_pool(settings)
+    try:
+        await reaper_on_pool(pool, settings).run_once()
+    finally:
+        await pool.close()
+    now = await admin.fetchval("SELECT clock_timestamp()")
+    ranges = [row for row in await _partitions(admin) if row["name"] != "events_default"]
+    assert ranges[-1]["upper_bound"] > now + timedelta(days=6)
+    assert ranges[-1]["upper_bound"] - ranges[-1]["lower_bound"] == timedelta(days=1)
