@@ -34,6 +34,7 @@ EXPIRY_LATENESS = Histogram(
 KEYS_PURGED_TOTAL = Counter("lockledger_idempotency_keys_purged_total", "Idempotency-Keys purged")
 # How often a reaper asks for the partitions ahead: each call is a catalog read when they exist.
 PARTITIONS_EVERY_S = 600.0
+PARTITIONS_RETRY_S = 60.0
 
 
 class Reaper:
@@ -105,13 +106,24 @@ class Reaper:
             KEYS_PURGED_TOTAL.inc(purged)
             # Keep purging without pause while there is a backlog; otherwise look again in 10 s.
             self._next_purge = 0.0 if purged >= settings.idempotency_purge_batch else time.monotonic() + 10
+        lapsed = await lapse_sagas(self._sagas, due, self.reaper_id)
+        self.lapsed_count += lapsed
         if time.monotonic() >= self._next_partitions:
+            await self._create_partitions()
+        return max(len(expiries), len(due))
+
+    async def _create_partitions(self) -> None:
+        """The log's partitions ahead. A refusal (a lock wait past the statement timeout, a database not
+        migrated yet) is logged and tried again a minute later; it never holds up expiries."""
+        settings = self._settings
+        try:
             created = await self._store.create_partitions(
                 settings.partition_interval, settings.partitions_ahead
             )
-            if created:
-                log.info("event partitions created", count=created, interval=settings.partition_interval)
-            self._next_partitions = time.monotonic() + PARTITIONS_EVERY_S
-        lapsed = await lapse_sagas(self._sagas, due, self.reaper_id)
-        self.lapsed_count += lapsed
-        return max(len(expiries), len(due))
+        except asyncpg.PostgresError as error:
+            log.warning("creating event partitions failed; retrying in a minute", error=str(error))
+            self._next_partitions = time.monotonic() + PARTITIONS_RETRY_S
+            return
+        if created:
+            log.info("event partitions created", count=created, interval=settings.partition_interval)
+        self._next_partitions = time.monotonic() + PARTITIONS_EVERY_S
