@@ -322,3 +322,23 @@ async def test_a_reaper_pass_creates_the_partitions_ahead(
     ranges = [row for row in await _partitions(admin) if row["name"] != "events_default"]
     assert ranges[-1]["upper_bound"] > now + timedelta(days=6)
     assert ranges[-1]["upper_bound"] - ranges[-1]["lower_bound"] == timedelta(days=1)
+
+
+async def test_creating_partitions_waits_for_no_append_in_flight(scratch_database_url: str) -> None:
+    """ATTACH takes a lock appends do not hold against it (CREATE TABLE ... PARTITION OF would wait for
+    the append's transaction, and every later append would queue behind it)."""
+    appender = await asyncpg.connect(asyncpg_dsn(scratch_database_url))
+    creator = await asyncpg.connect(asyncpg_dsn(scratch_database_url))
+    try:
+        in_flight = appender.transaction()
+        await in_flight.start()
+        await appender.execute(
+            "INSERT INTO events (stream_id, stream_version, event_type, data) VALUES ($1, 1, 't', '{}')",
+            f"busy:{uuid.uuid4().hex[:8]}",
+        )
+        await creator.execute("SET lock_timeout = '2s'")
+        assert await creator.fetchval("SELECT events_create_partitions('day', 5)") >= 4
+        await in_flight.commit()
+    finally:
+        await appender.close()
+        await creator.close()
