@@ -103,6 +103,7 @@ async def test_every_partition_refuses_changes_even_to_the_owner(
 @pytest.mark.parametrize(
     "statement",
     [
+        "UPDATE {} SET event_type = event_type",
         "DELETE FROM {} WHERE false",
         "TRUNCATE {}",
         "INSERT INTO {} (stream_id, stream_version, event_type, data) VALUES ('x', 1, 't', '{{}}'::jsonb)",
