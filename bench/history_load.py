@@ -375,6 +375,39 @@ SELECT c.relname AS name, pg_get_indexdef(i.indexrelid) AS definition
    AND NOT EXISTS (SELECT FROM pg_constraint k WHERE k.conindid = i.indexrelid)
  ORDER BY c.relname"""
 
+# The heads the chain trigger would have kept (it is off for the load).
+_HEADS_SQL = """
+INSERT INTO stream_heads (stream_id, version, hash)
+SELECT DISTINCT ON (stream_id) stream_id, stream_version, hash FROM events
+ ORDER BY stream_id, stream_version DESC"""
+_FIRST_PARTITION_SQL = """
+SELECT min(substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \\(''([^'']+)''\\)')::timestamptz)
+  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+ WHERE i.inhparent = 'events'::regclass"""
+
+
+async def _partition_the_span(conn: asyncpg.Connection, since: datetime) -> None:
+    """Monthly partitions of events (as the service makes them: migration 0010) from ``since``'s month
+    up to the first partition the migration made, so the history lies where a year of service would
+    have left it rather than in the default partition."""
+    end = await conn.fetchval(_FIRST_PARTITION_SQL)
+    lower = since.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    while lower < end:
+        upper = min(end, (lower + timedelta(days=32)).replace(day=1))
+        name = f"events_p{lower:%Y%m%d}"
+        await conn.execute(
+            f"CREATE TABLE {name} PARTITION OF events FOR VALUES FROM ('{lower.isoformat()}') TO"
+            f" ('{upper.isoformat()}')"
+        )
+        for trigger, when in (("events_append_only", "UPDATE OR DELETE"), ("events_no_truncate", "TRUNCATE")):
+            await conn.execute(
+                f"CREATE TRIGGER {trigger} BEFORE {when} ON {name}"
+                " FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change()"
+            )
+        await conn.execute(f"ALTER TABLE {name} OWNER TO lockledger_migrator")
+        lower = upper
+
+
 Progress = Callable[[int, float], None]  # events written so far, seconds since the start
 
 
@@ -397,6 +430,7 @@ async def load_history(
             await conn.execute(f'ALTER TABLE events DROP CONSTRAINT "{row["name"]}"')
         for row in indexes:
             await conn.execute(f'DROP INDEX "{row["name"]}"')
+        await _partition_the_span(conn, (shape.end or default_end()) - timedelta(days=shape.span_days))
         written, peak_rss = await _copy(conn, shape, batch, started, progress)
         copied = time.perf_counter()
         await conn.execute("SET session_replication_role = origin")
@@ -405,6 +439,7 @@ async def load_history(
             await conn.execute(f'ALTER TABLE events ADD CONSTRAINT "{row["name"]}" {row["definition"]}')
         for row in indexes:
             await conn.execute(row["definition"])
+        await conn.execute(_HEADS_SQL)
         indexed = time.perf_counter()
         lock_state_rows = await rebuild_lock_state(conn)
         rebuilt = time.perf_counter()

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Index,
     LargeBinary,
     MetaData,
+    PrimaryKeyConstraint,
     Table,
     Text,
     UniqueConstraint,
@@ -44,7 +45,7 @@ events = Table(
     "events",
     metadata,
     # Global order of all events. A reader tailing the log pairs it with tx_id (see DESIGN.md).
-    Column("position", BigInteger, Identity(always=True), primary_key=True),
+    Column("position", BigInteger, Identity(always=True), nullable=False),
     Column("stream_id", Text, nullable=False),
     Column("stream_version", BigInteger, nullable=False),
     Column("event_id", UUID(as_uuid=True), nullable=False, server_default=text("gen_random_uuid()")),
@@ -52,13 +53,22 @@ events = Table(
     Column("data", JSONB, nullable=False),
     Column("metadata", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     # The database clock at the append; lease deadlines are computed from this same instant.
-    Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column(
+        "recorded_at",
+        TIMESTAMP(timezone=True),
+        nullable=False,
+        server_default=text("clock_timestamp()"),
+    ),
     # The writing transaction, so a tailing reader can wait for transactions that are still in flight.
     Column("tx_id", Xid8(), nullable=False, server_default=text("pg_current_xact_id()")),
     # sha256(previous event's hash || this event), set by the events_chain_hash trigger.
     Column("hash", LargeBinary, nullable=False),
-    UniqueConstraint("stream_id", "stream_version", name="events_stream_version_key"),
-    UniqueConstraint("event_id", name="events_event_id_key"),
+    # Range-partitioned by recorded_at (migration 0010; docs/decisions/0044-time-partitioned-events.md).
+    # Every unique index of a partitioned table includes the partition key, so the primary key and the
+    # event id's are unique per instant; (stream_id, stream_version) is kept unique by stream_heads.
+    PrimaryKeyConstraint("position", "recorded_at", name="events_pkey"),
+    UniqueConstraint("event_id", "recorded_at", name="events_event_id_key"),
+    Index("events_stream_version_idx", "stream_id", "stream_version"),
     Index("events_recorded_at_idx", "recorded_at"),
     # Replay (projections/replay.py): the span each grant keeps its lease for, unless ended sooner; one
     # agent's events; the acquire that began a lease. event_deadline() is the migration's (0005).
@@ -75,4 +85,16 @@ events = Table(
         text("((data ->> 'fencing_token')::bigint)"),
         postgresql_where=text("event_type = 'LOCK_ACQUIRED'"),
     ),
+    postgresql_partition_by="RANGE (recorded_at)",
+)
+
+# The head of every stream: its last version and hash, kept by the events_chain_hash trigger. The trigger
+# chains a new event to the head's hash and moves the head only from the version before it, so a
+# stream's versions stay unique and gapless across partitions with one primary-key probe per event.
+stream_heads = Table(
+    "stream_heads",
+    metadata,
+    Column("stream_id", Text, primary_key=True),
+    Column("version", BigInteger, nullable=False),
+    Column("hash", LargeBinary, nullable=False),
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -106,6 +108,17 @@ class Settings(BaseSettings):
         " lapses while no instance could reach a writable primary. At least twice the beacon interval.",
     )
     idempotency_purge_batch: int = 5_000
+    partition_interval: Literal["day", "month"] = Field(
+        default="month",
+        description="The time each new partition of the events table covers (UTC days or months); the"
+        " reaper creates them ahead. Changing it applies from the end of the partitions already made.",
+    )
+    partitions_ahead: int = Field(
+        default=3,
+        ge=1,
+        description="How many intervals past now the partitions cover; an event no partition covers"
+        " goes to the default partition (docs/operations.md).",
+    )
 
     max_body_bytes: int = Field(
         default=16_384,

@@ -203,6 +203,11 @@ class ReaperStore(Protocol):
         """Forget up to ``batch`` Idempotency-Keys older than ``retention_s``; how many were forgotten."""
         ...
 
+    async def create_partitions(self, interval: str, ahead: int) -> int:
+        """Create the log's partitions, one ``interval`` ("day" or "month") each, until ``ahead`` intervals
+        past now are covered; how many were created."""
+        ...
+
 
 # --- the notifier -----------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The reaper: expires leases whose holders stopped heartbeating, lapses sagas whose orchestrators did,
-and purges old Idempotency-Keys.
+purges old Idempotency-Keys and creates the event log's partitions ahead (at its first pass, then every
+few minutes; docs/operations.md).
 
 A pass asks the ``ReaperStore`` port (``service/ports.py``; in PostgreSQL ``service/reaper_store.py``)
 to expire what is due, safely with several reapers at once and never racing a renew that committed
@@ -31,6 +32,9 @@ EXPIRY_LATENESS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 KEYS_PURGED_TOTAL = Counter("lockledger_idempotency_keys_purged_total", "Idempotency-Keys purged")
+# How often a reaper asks for the partitions ahead: each call is a catalog read when they exist.
+PARTITIONS_EVERY_S = 600.0
+PARTITIONS_RETRY_S = 60.0
 
 
 class Reaper:
@@ -54,6 +58,7 @@ class Reaper:
         self.expired_count = 0
         self.lapsed_count = 0
         self._next_purge = 0.0
+        self._next_partitions = 0.0
 
     def stop(self) -> None:
         self._stop.set()
@@ -103,4 +108,22 @@ class Reaper:
             self._next_purge = 0.0 if purged >= settings.idempotency_purge_batch else time.monotonic() + 10
         lapsed = await lapse_sagas(self._sagas, due, self.reaper_id)
         self.lapsed_count += lapsed
+        if time.monotonic() >= self._next_partitions:
+            await self._create_partitions()
         return max(len(expiries), len(due))
+
+    async def _create_partitions(self) -> None:
+        """The log's partitions ahead. A refusal (a lock wait past the statement timeout, a database not
+        migrated yet) is logged and tried again a minute later; it never holds up expiries."""
+        settings = self._settings
+        try:
+            created = await self._store.create_partitions(
+                settings.partition_interval, settings.partitions_ahead
+            )
+        except asyncpg.PostgresError as error:
+            log.warning("creating event partitions failed; retrying in a minute", error=str(error))
+            self._next_partitions = time.monotonic() + PARTITIONS_RETRY_S
+            return
+        if created:
+            log.info("event partitions created", count=created, interval=settings.partition_interval)
+        self._next_partitions = time.monotonic() + PARTITIONS_EVERY_S

@@ -134,3 +134,7 @@ class PostgresReaperStore:
     async def purge_keys(self, retention_s: int, batch: int) -> int:
         async with connection(self._pool, self._timeout_s) as conn:
             return await purge_expired(conn, retention_s, batch)
+
+    async def create_partitions(self, interval: str, ahead: int) -> int:
+        async with connection(self._pool, self._timeout_s) as conn:
+            return int(await conn.fetchval("SELECT events_create_partitions($1, $2)", interval, ahead))

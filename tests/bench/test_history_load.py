@@ -209,6 +209,29 @@ async def test_lock_state_is_the_fold_of_the_log_and_a_rebuild(loaded: tuple[str
     assert rebuilt == rows
 
 
+async def test_the_history_lies_in_monthly_partitions(loaded: tuple[str, LoadReport]) -> None:
+    """As the service's partitions would hold it (migration 0010), not in the default partition; the
+    stream heads the chain trigger keeps are the log's."""
+    url, report = loaded
+    conn = await _connect(url)
+    try:
+        by_partition = await conn.fetch(
+            "SELECT tableoid::regclass::text AS name, count(*) AS n FROM events GROUP BY 1 ORDER BY 1"
+        )
+        heads = await conn.fetchval(
+            "SELECT count(*) FROM stream_heads h JOIN events e"
+            " ON (e.stream_id, e.stream_version, e.hash) = (h.stream_id, h.version, h.hash)"
+        )
+    finally:
+        await conn.close()
+    names = [row["name"] for row in by_partition]
+    assert "events_default" not in names
+    assert len(names) >= SHAPE.span_days // 31
+    assert all(name.startswith("events_p") and name.endswith("01") for name in names[1:])
+    assert sum(row["n"] for row in by_partition) == report.events
+    assert heads == report.streams
+
+
 async def test_the_service_carries_on_from_the_loaded_log(loaded: tuple[str, LoadReport]) -> None:
     url, report = loaded
     settings = Settings(database_url=url, reaper_enabled=False)

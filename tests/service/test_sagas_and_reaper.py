@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import asyncpg
 import pytest
 
 from domain.commands import Acquire
@@ -27,7 +28,9 @@ from service.clock import SettableClock
 from service.config import Settings
 from service.errors import IdempotencyKeyReused
 from service.fakes.database import MemoryDatabase
+from service.fakes.reaper_store import MemoryReaperStore
 from service.lock_service import CommandContext
+from service.reaper import Reaper
 from service.saga_service import SagaContext, SagaService
 from tests.assertions import granted
 from tests.in_memory import lock_service_in_memory, reaper_in_memory, saga_service_in_memory
@@ -150,6 +153,33 @@ async def test_the_reaper_expires_lapsed_leases_only(database: MemoryDatabase, c
     assert [event.type for event in database.events["zone:long"]] == ["LOCK_ACQUIRED"]
     taken = granted(await service.execute(Acquire("zone:short", "bot3", 1_000), CommandContext()))
     assert taken.fencing_token > short.fencing_token  # never resurrected: a new lease, a higher token
+    await service.close()
+
+
+class _PartitionsRefused(MemoryReaperStore):
+    """A database that refuses to create partitions, and counts how often it was asked."""
+
+    asked = 0
+
+    async def create_partitions(self, interval: str, ahead: int) -> int:
+        self.asked += 1
+        raise asyncpg.LockNotAvailableError("lock timeout")
+
+
+async def test_a_refused_partition_creation_holds_up_no_expiry(
+    database: MemoryDatabase, clock: SettableClock
+) -> None:
+    service = lock_service_in_memory(database, BOUNDS)
+    store = _PartitionsRefused(database)
+    reaper = Reaper(store, saga_service_in_memory(database), SETTINGS)
+    await service.execute(Acquire("zone:a", "bot1", 1_000), CommandContext())
+    clock.advance(1)
+    assert await reaper.run_once() == 1
+    await service.execute(Acquire("zone:b", "bot1", 1_000), CommandContext())
+    clock.advance(1)
+    assert await reaper.run_once() == 1  # expired again; not asked again within the minute
+    assert store.asked == 1
+    assert [event.type for event in database.events["zone:b"]] == ["LOCK_ACQUIRED", "LOCK_EXPIRED"]
     await service.close()
 
 

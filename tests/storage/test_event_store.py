@@ -156,19 +156,27 @@ async def test_stream_version_is_unique(
 
 
 async def test_event_id_is_unique(admin_pool: asyncpg.Pool, lock_service: LockService, resource: str) -> None:
+    """Unique with recorded_at, as a partitioned table's unique indexes must be: the ids are version-7
+    UUIDs, which carry the millisecond they were made in (docs/decisions/0044-time-partitioned-events.md)."""
     await _stream(lock_service, resource)
     rows = await _event_rows(admin_pool, resource)
     async with admin_pool.acquire() as conn:
         # The next version of the stream (so the chain trigger accepts it) with a reused event id.
         error = await _attempt(
             conn,
-            "INSERT INTO events (stream_id, stream_version, event_id, event_type, data)"
-            " VALUES ($1, 4, $2, 'LOCK_RELEASED', '{}'::jsonb)",
+            "INSERT INTO events (stream_id, stream_version, event_id, event_type, data, recorded_at)"
+            " VALUES ($1, 4, $2, 'LOCK_RELEASED', '{}'::jsonb, $3)",
             resource,
             rows[0]["event_id"],
+            rows[0]["recorded_at"],
         )
-    assert isinstance(error, asyncpg.UniqueViolationError)
-    assert error.constraint_name == "events_event_id_key"
+        assert isinstance(error, asyncpg.UniqueViolationError)
+        # The partition's index, a part of the parent's events_event_id_key.
+        parent = await conn.fetchval(
+            "SELECT inhparent::regclass::text FROM pg_inherits WHERE inhrelid = to_regclass($1)",
+            error.constraint_name,
+        )
+    assert parent == "events_event_id_key"
 
 
 async def test_recorded_at_is_the_database_clock_at_the_append(

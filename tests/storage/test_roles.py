@@ -88,7 +88,15 @@ async def test_the_readonly_role_serves_queries_and_replay(readonly_pool: asyncp
         await conn.fetchval("SELECT count(*) FROM lock_state")
 
 
-OWNED_BY_THE_MIGRATOR = ["events", "lock_state", "idempotency_keys", "api_tokens", "alembic_version"]
+OWNED_BY_THE_MIGRATOR = [
+    "events",
+    "events_default",
+    "stream_heads",
+    "lock_state",
+    "idempotency_keys",
+    "api_tokens",
+    "alembic_version",
+]
 
 
 async def test_the_migrator_role_owns_the_schema(admin_pool: asyncpg.Pool) -> None:
@@ -99,7 +107,7 @@ async def test_the_migrator_role_owns_the_schema(admin_pool: asyncpg.Pool) -> No
             for r in await conn.fetch(
                 "SELECT c.relname, pg_get_userbyid(c.relowner) AS owner FROM pg_class c"
                 " JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'S')"
+                " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'S')"
             )
         }
         functions = {
@@ -107,7 +115,8 @@ async def test_the_migrator_role_owns_the_schema(admin_pool: asyncpg.Pool) -> No
             for r in await conn.fetch(
                 "SELECT p.proname, pg_get_userbyid(p.proowner) AS owner FROM pg_proc p"
                 " WHERE p.proname IN"
-                " ('events_chain_hash', 'events_refuse_change', 'api_tokens_revocation_is_final')"
+                " ('events_chain_hash', 'events_refuse_change', 'api_tokens_revocation_is_final',"
+                "  'events_create_partitions')"
             )
         }
         memberships = await conn.fetch(
@@ -118,6 +127,8 @@ async def test_the_migrator_role_owns_the_schema(admin_pool: asyncpg.Pool) -> No
     assert {t: tables[t] for t in OWNED_BY_THE_MIGRATOR} == dict.fromkeys(
         OWNED_BY_THE_MIGRATOR, "lockledger_migrator"
     )
+    # Every partition of events, the ones the service's events_create_partitions made too.
+    assert {owner for name, owner in tables.items() if name.startswith("events_p")} == {"lockledger_migrator"}
     # Sequences (the identity columns') follow their tables.
     assert {owner for name, owner in tables.items() if name.endswith("_seq")} == {"lockledger_migrator"}
     assert set(functions.values()) == {"lockledger_migrator"}
