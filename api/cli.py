@@ -1,4 +1,4 @@
-"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, tokens, psql, database-url, cluster.
+"""The `lockledger` command: serve, reaper, migrate, rebuild, verify, archive, restore, tokens, psql, cluster.
 
 Server packages are imported inside each command, so `lockledger --help` stays fast and the SDK part of
 this package never needs them.
@@ -15,38 +15,25 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from api.archive_cli import archive, restore
+from api.cli_database import DatabaseUrl, DataDir, console, data_dir_of, resolve_database, with_connection
 from api.cluster_cli import cluster_app
 from eventstore.dburl import DATABASE_URL_ENV, asyncpg_dsn
-from eventstore.embedded import DATA_DIR_ENV
 
 if TYPE_CHECKING:
     import asyncpg
 
-T = TypeVar("T")
+    from eventstore.archive_file import ArchiveSource
 
 app = typer.Typer(no_args_is_help=True, help="lockledger: leases with fencing tokens, on an event log.")
-# soft_wrap: a message is one line however narrow the terminal, or a log, says it is.
-console = Console(stderr=True, soft_wrap=True)
-
-DataDir = Annotated[
-    Path | None,
-    typer.Option(
-        envvar=DATA_DIR_ENV,
-        show_default="a source checkout's .lockledger/pgdata, else the user data directory",
-        help="Data directory of the embedded PostgreSQL used when no database URL is set.",
-    ),
-]
-DatabaseUrl = Annotated[
-    str | None, typer.Option("--database-url", envvar=DATABASE_URL_ENV, help="PostgreSQL URL.")
-]
 
 
 class LogLevelName(enum.StrEnum):
@@ -68,45 +55,6 @@ LogLevel = Annotated[
         " warning, error, critical.",
     ),
 ]
-
-
-def _data_dir(data_dir: Path | None) -> Path:
-    from eventstore import embedded
-
-    return (data_dir or embedded.default_data_dir()).expanduser().resolve()
-
-
-def _resolve_database(
-    database_url: str | None, data_dir: Path | None, *, migrate: bool = True
-) -> tuple[str, bool]:
-    """The database URL to use and whether it is the embedded server's: the URL given, or the embedded
-    server of the data directory, attached to if a process already runs it, else started (and, with
-    ``migrate``, migrated, so that every command finds the schema). A server this process starts is
-    stopped when it exits, unless other processes have attached to it by then; one it attached to is
-    left to them."""
-    if database_url:
-        return database_url, False
-    from eventstore import embedded
-
-    directory = _data_dir(data_dir)
-    found = embedded.running(directory)
-    shown = escape(str(directory))
-    if found is None:
-        console.print(f"[yellow]No {DATABASE_URL_ENV}: starting the embedded PostgreSQL in {shown}[/yellow]")
-    elif found.holders:
-        console.print(f"using the embedded PostgreSQL already running in {shown} (pid {found.pid})")
-    else:
-        console.print(
-            f"using the embedded PostgreSQL already running in {shown} (pid {found.pid}); the process"
-            " that started it has exited, so it stops when this command does"
-        )
-    server = embedded.start(directory)
-    url = server.ensure_database()
-    if migrate and server.attached_to is None:
-        from migrations.upgrade import upgrade
-
-        upgrade(url)
-    return url, True
 
 
 @contextlib.contextmanager
@@ -201,7 +149,7 @@ def serve(
     from service.config import Settings
 
     create_app = import_from_string(app_factory)
-    url, embedded = _resolve_database(database_url, data_dir, migrate=False)
+    url, embedded = resolve_database(database_url, data_dir, migrate=False)
     if migrate if migrate is not None else embedded:
         _migrate(url)
     settings = Settings(database_url=url, reaper_enabled=reaper, dev_mode=dev)
@@ -301,7 +249,7 @@ def run_reaper(
         return stopped_by[0] if stopped_by else None
 
     with _sigterm_unwinds():
-        url, _ = _resolve_database(database_url, data_dir)
+        url, _ = resolve_database(database_url, data_dir)
         try:
             stopped_by = asyncio.run(main(url))
         except asyncio.CancelledError:  # a second signal: stopped without waiting for the pass to end
@@ -333,21 +281,10 @@ def _stop_on_signals(*stops: Callable[[], None]) -> list[signal.Signals]:
     return received
 
 
-async def _with_connection(url: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-    """Run ``work`` on one connection as the URL's own role (the schema owner), then close it."""
-    import asyncpg
-
-    conn = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        return await work(conn)
-    finally:
-        await conn.close()
-
-
 @app.command()
 def migrate(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
     """Create or upgrade the schema (tables, triggers, the service role's grants)."""
-    url, _ = _resolve_database(database_url, data_dir, migrate=False)
+    url, _ = resolve_database(database_url, data_dir, migrate=False)
     _migrate(url)
 
 
@@ -358,12 +295,37 @@ def rebuild(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
 
     from projections.rebuild import rebuild_lock_state, rebuild_replay_indexes
 
-    url, _ = _resolve_database(database_url, data_dir)
+    url, _ = resolve_database(database_url, data_dir)
 
-    rows = asyncio.run(_with_connection(url, rebuild_lock_state))
+    rows = asyncio.run(with_connection(url, rebuild_lock_state))
     console.print(f"[green]lock_state rebuilt from the log: {rows} resources[/green]")
-    indexes = asyncio.run(_with_connection(url, rebuild_replay_indexes))
+    indexes = asyncio.run(with_connection(url, rebuild_replay_indexes))
     console.print(f"[green]replay indexes rebuilt from the log: {', '.join(indexes)}[/green]")
+
+
+ArchivesDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--archives",
+        envvar="LOCKLEDGER_ARCHIVE_DIR",
+        file_okay=False,
+        help="Directory of the archive files (`lockledger archive`): verify through them into the live log.",
+    ),
+]
+
+
+async def _archive_sources(
+    conn: asyncpg.Connection, directory: Path | None
+) -> tuple[list[ArchiveSource], int]:
+    """The archive files to walk before the live log (each with the digest the catalog recorded), and
+    how many archived partitions are left out because no directory was given."""
+    from eventstore.archive import catalog
+    from eventstore.archive_file import ArchiveSource
+
+    archived = [record for record in await catalog(conn) if record.archived]
+    if directory is None:
+        return [], len(archived)
+    return [ArchiveSource(directory / r.file_name, r.content_sha256) for r in archived], 0
 
 
 @app.command()
@@ -375,38 +337,56 @@ def verify(
             " was altered, inserted or removed (whole streams and streams' newest events included)."
         ),
     ] = None,
+    archives: ArchivesDir = None,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
     """Recompute every stream's hash chain; exit 1 and name the first broken link if any. With --digest,
-    also prove the log up to the digest's position unchanged, or exit 1 naming what differs."""
+    also prove the log up to the digest's position unchanged, or exit 1 naming what differs. With
+    --archives, the chains run through the archive files (each checked against its recorded digest)."""
 
-    from eventstore.verify import verify_chains
+    from eventstore.archive_file import ArchiveCorrupt, walk_archive
+    from eventstore.verify import ChainWalk, verify_chains
 
     if digest is not None:
-        _verify_digest(digest, database_url, data_dir)
-    url, _ = _resolve_database(database_url, data_dir)
+        _verify_digest(digest, archives, database_url, data_dir)
+    url, _ = resolve_database(database_url, data_dir)
 
-    async def main() -> int:
-        report = await _with_connection(
-            url,
-            lambda conn: verify_chains(conn, progress=lambda n: console.print(f"  {n:,} events verified")),
-        )
-        if report.broken:
-            link = report.broken
-            console.print(f"[red]BROKEN: stream {link.stream_id} version {link.version}: {link.reason}[/red]")
-            return 1
+    async def work(conn: asyncpg.Connection) -> Any:
+        sources, left_out = await _archive_sources(conn, archives)
+        walk = ChainWalk(anchor=left_out > 0)
+        progress = lambda n: console.print(f"  {n:,} events verified")  # noqa: E731
+        for source in sources:
+            console.print(f"reading {escape(str(source.path))}")
+            if (broken := await asyncio.to_thread(walk_archive, source, walk, progress)) is not None:
+                return walk.report(broken), left_out
+        return await verify_chains(conn, progress=progress, walk=walk), left_out
+
+    try:
+        report, left_out = asyncio.run(with_connection(url, work))
+    except (ArchiveCorrupt, FileNotFoundError) as error:
+        console.print(f"[red]ARCHIVE: {escape(str(error))}[/red]")
+        sys.exit(1)
+    if report.broken:
+        link = report.broken
+        console.print(f"[red]BROKEN: stream {link.stream_id} version {link.version}: {link.reason}[/red]")
+        sys.exit(1)
+    console.print(f"[green]OK: {report.events:,} events in {report.streams:,} streams, chains intact[/green]")
+    if left_out:
         console.print(
-            f"[green]OK: {report.events:,} events in {report.streams:,} streams, chains intact[/green]"
+            f"[yellow]{left_out} archived partition(s) not read: {report.anchored:,} stream(s) were checked"
+            " from their first live event on. Pass --archives DIR to check their links to the archives"
+            " too.[/yellow]"
         )
-        return 0
-
-    sys.exit(asyncio.run(main()))
+    sys.exit(0)
 
 
-def _verify_digest(text: str, database_url: str | None, data_dir: Path | None) -> NoReturn:
+def _verify_digest(
+    text: str, archives: Path | None, database_url: str | None, data_dir: Path | None
+) -> NoReturn:
     """`verify --digest`: exit 0 when the log up to the digest's position is unchanged, else 1 naming
     every difference found."""
+    from eventstore.archive_file import ArchiveCorrupt
     from eventstore.digest import Digest, verify_digest
 
     try:
@@ -414,15 +394,22 @@ def _verify_digest(text: str, database_url: str | None, data_dir: Path | None) -
     except ValueError as error:
         console.print(f"[red]{escape(str(error))}[/red]")
         raise typer.Exit(2) from None
-    url, _ = _resolve_database(database_url, data_dir)
-    report = asyncio.run(
-        _with_connection(
-            url,
-            lambda conn: verify_digest(
-                conn, expected, progress=lambda n: console.print(f"  {n:,} events verified")
-            ),
+    url, _ = resolve_database(database_url, data_dir)
+
+    async def work(conn: asyncpg.Connection) -> Any:
+        sources, left_out = await _archive_sources(conn, archives)
+        if left_out:
+            console.print(f"[red]{left_out} partition(s) of the log are archived: pass --archives DIR[/red]")
+            raise typer.Exit(2)
+        return await verify_digest(
+            conn, expected, progress=lambda n: console.print(f"  {n:,} events verified"), archives=sources
         )
-    )
+
+    try:
+        report = asyncio.run(with_connection(url, work))
+    except (ArchiveCorrupt, FileNotFoundError) as error:
+        console.print(f"[red]ARCHIVE: {escape(str(error))}[/red]")
+        sys.exit(1)
     if not report.ok:
         console.print(f"[red]CHANGED: the log up to position {expected.position} differs:[/red]")
         for finding in report.findings():
@@ -444,32 +431,44 @@ def audit_digest(
     position: Annotated[
         int | None, typer.Option(min=0, help="Cover the log up to this global position (default: newest).")
     ] = None,
+    archives: ArchivesDir = None,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
     """Print a digest of every event up to a position (the value alone on stdout). Keep it outside the
-    system; `lockledger verify --digest` later proves the log up to there unchanged."""
+    system; `lockledger verify --digest` later proves the log up to there unchanged. Once partitions are
+    archived, --archives names their files: the digest covers their events as it did before."""
+    from eventstore.archive_file import ArchiveCorrupt
     from eventstore.digest import PositionBeyondLog, compute_digest
 
-    url, _ = _resolve_database(database_url, data_dir)
-    try:
-        found = asyncio.run(
-            _with_connection(
-                url,
-                lambda conn: compute_digest(
-                    conn, position, progress=lambda n: console.print(f"  {n:,} stream heads hashed")
-                ),
-            )
+    url, _ = resolve_database(database_url, data_dir)
+
+    async def work(conn: asyncpg.Connection) -> Any:
+        sources, left_out = await _archive_sources(conn, archives)
+        if left_out:
+            console.print(f"[red]{left_out} partition(s) of the log are archived: pass --archives DIR[/red]")
+            raise typer.Exit(2)
+        return await compute_digest(
+            conn, position, progress=lambda n: console.print(f"  {n:,} stream heads hashed"), archives=sources
         )
+
+    try:
+        found = asyncio.run(with_connection(url, work))
     except PositionBeyondLog as error:
         console.print(f"[red]{escape(str(error))}[/red]")
         raise typer.Exit(2) from None
+    except (ArchiveCorrupt, FileNotFoundError) as error:
+        console.print(f"[red]ARCHIVE: {escape(str(error))}[/red]")
+        sys.exit(1)
     console.print(
         f"digest of the log up to position {found.position}: {found.events:,} events in"
         f" {found.streams:,} streams"
     )
     print(found)
 
+
+app.command()(archive)
+app.command()(restore)
 
 tokens_app = typer.Typer(no_args_is_help=True, help="API tokens: create, list, revoke.")
 app.add_typer(tokens_app, name="tokens")
@@ -498,9 +497,9 @@ def tokens_create(
     except ValueError:
         console.print(f"[red]unknown role {role!r}; choose one of: {', '.join(Role)}[/red]")
         raise typer.Exit(2) from None
-    url, _ = _resolve_database(database_url, data_dir)
+    url, _ = resolve_database(database_url, data_dir)
     try:
-        token = asyncio.run(_with_connection(url, lambda conn: tokens.create(conn, name, chosen)))
+        token = asyncio.run(with_connection(url, lambda conn: tokens.create(conn, name, chosen)))
     except tokens.TokenError as error:
         console.print(f"[red]{error}[/red]")
         raise typer.Exit(2) from None
@@ -519,8 +518,8 @@ def tokens_list(
 
     from service import tokens
 
-    url, _ = _resolve_database(database_url, data_dir)
-    rows = asyncio.run(_with_connection(url, lambda conn: tokens.list_all(conn, include_revoked=all_tokens)))
+    url, _ = resolve_database(database_url, data_dir)
+    rows = asyncio.run(with_connection(url, lambda conn: tokens.list_all(conn, include_revoked=all_tokens)))
     table = Table("id", "name", "role", "created", "revoked")
     for row in rows:
         revoked = row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else ""
@@ -537,8 +536,8 @@ def tokens_revoke(
     """Revoke a principal's tokens; servers stop accepting them within their auth cache time (10 s)."""
     from service import tokens
 
-    url, _ = _resolve_database(database_url, data_dir)
-    count = asyncio.run(_with_connection(url, lambda conn: tokens.revoke(conn, name)))
+    url, _ = resolve_database(database_url, data_dir)
+    count = asyncio.run(with_connection(url, lambda conn: tokens.revoke(conn, name)))
     if count == 0:
         console.print(f"[yellow]{name} has no live tokens[/yellow]")
         raise typer.Exit(1)
@@ -552,7 +551,7 @@ def psql(ctx: typer.Context, database_url: DatabaseUrl = None, data_dir: DataDir
     For example `lockledger psql -c 'select 1'`; psql's own --help and -V go after `--`.
     The embedded server gets the psql shipped with it; a database URL, the psql on PATH (else that one).
     """
-    url, embedded = _resolve_database(database_url, data_dir)
+    url, embedded = resolve_database(database_url, data_dir)
     program = None if embedded else shutil.which("psql")
     if program is None:
         from eventstore.embedded import psql_program
@@ -598,7 +597,7 @@ def database_url_command(database_url: DatabaseUrl = None, data_dir: DataDir = N
         return
     from eventstore import embedded
 
-    directory = _data_dir(data_dir)
+    directory = data_dir_of(data_dir)
     found = embedded.running(directory)
     if found is None:
         console.print(

@@ -215,7 +215,10 @@ class ReplayLease(BaseModel):
     resource: str
     owner: str
     fencing_token: int
-    acquired_at: Timestamp
+    acquired_at: Timestamp | None = Field(
+        description="When the lease began; null when its acquire is in an archived partition (a lease renewed"
+        " since before the live log begins)."
+    )
     expires_at: Timestamp = Field(description="The deadline as known at the instant: the last grant's.")
     saga_id: str | None = Field(default=None, description="The saga the lease was acquired for, if any.")
     saga_step: str | None = None

@@ -24,6 +24,7 @@ from api.paths import route_path
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
 from domain.resource import RESOURCE_RULE
 from domain.timestamps import format_timestamp
+from projections.archived import Archived
 from service.database_guard import UNREACHABLE
 from service.errors import Conflict, Forbidden, IdempotencyKeyReused, ServiceError, Unauthorized, Unavailable
 
@@ -44,6 +45,7 @@ _TITLES = {
     "unauthorized": "Unauthorized",
     "forbidden": "Forbidden",
     "unavailable": "Service unavailable",
+    "archived": "Archived",
     "internal_error": "Internal error",
 }
 
@@ -103,6 +105,20 @@ def install(app: FastAPI) -> None:
         return problem(
             _STATUS.get(type(error), 409), error.code, error.detail, instance=request.url.path, **extra
         )
+
+    @app.exception_handler(Archived)
+    async def archived(request: Request, error: Archived) -> Response:
+        archives = [
+            {
+                "partition": s.partition,
+                "from": s.start,
+                "to": s.end,
+                "file": s.file_name,
+                "restore": s.restore,
+            }
+            for s in error.spans
+        ]
+        return problem(410, "archived", str(error), instance=request.url.path, archives=archives)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, error: ServiceError) -> Response:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from api.auth import require
 from api.dependencies import ResourcePath
 from api.models import History, HistoryEvent, Instant, LockInfo, LockList
+from api.replay import ARCHIVED, mark_live_since
 from api.request_checks import StrictRoute
 from domain.access import Action
 from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
 from projections import queries, replay
+from projections.archived import refuse_archived
 
 router = APIRouter(prefix="/v1/locks", tags=["queries"], route_class=StrictRoute)
 
@@ -58,11 +60,15 @@ async def get_lock(resource: ResourcePath, request: Request) -> LockInfo:
 
 
 @router.get(
-    "/{resource}/history", response_model=History, dependencies=[Depends(require(Action.READ_HISTORY))]
+    "/{resource}/history",
+    response_model=History,
+    dependencies=[Depends(require(Action.READ_HISTORY))],
+    responses=ARCHIVED,
 )
 async def history(
     resource: ResourcePath,
     request: Request,
+    response: Response,
     # A bigint: larger is a 422, not a 500. `lt=2**63`, not `le=2**63 - 1`: FastAPI holds OpenAPI bounds
     # as floats, and only the power of two survives that exactly.
     after_version: Annotated[int, Query(ge=0, lt=2**63)] = 0,
@@ -73,6 +79,10 @@ async def history(
     """The resource's events in order, recorded between `from` and `to` if given; page with
     `after_version`."""
     async with request.app.state.read_pool.acquire() as conn:
+        if start is None:
+            await mark_live_since(conn, response)
+        else:
+            await refuse_archived(conn, start, end)
         found = await replay.resource_history(
             conn, resource, after_version=after_version, start=start, end=end, limit=limit
         )

@@ -9,7 +9,8 @@ investigator or admin. Instants are RFC 3339 with an offset.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,9 +21,18 @@ from api.models import AgentEvent, AgentHistory, Change, Changes, Instant, Repla
 from api.request_checks import StrictRoute
 from domain.access import Action
 from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
+from domain.timestamps import format_timestamp
+from eventstore.connection import Connection
 from projections import replay
+from projections.archived import live_since, refuse_archived
 
 router = APIRouter(tags=["replay"], route_class=StrictRoute)
+
+# On answers that read only the live log while older partitions are archived: where the live log begins.
+LIVE_SINCE_HEADER = "Lockledger-Live-Since"
+ARCHIVED: dict[int | str, dict[str, Any]] = {
+    410: {"description": "The span asked about is archived: `archives` names each file and its restore"}
+}
 
 ReadState = [Depends(require(Action.READ_STATE))]
 ReadHistory = [Depends(require(Action.READ_HISTORY))]
@@ -38,7 +48,22 @@ def _invalid(field: str, message: str) -> RequestValidationError:
     return RequestValidationError([{"loc": ("query", field), "msg": message, "type": "value_error"}])
 
 
-@router.get("/v1/replay/state", response_model=ReplayState, dependencies=ReadState)
+def _lookback(request: Request, at: datetime) -> datetime:
+    """How far before ``at`` a lease live at ``at`` may have been granted: the longest TTL."""
+    try:
+        return at - timedelta(milliseconds=request.app.state.settings.ttl_bounds.max_ms)
+    except OverflowError:  # an instant within the longest TTL of year 1
+        return datetime.min.replace(tzinfo=UTC)
+
+
+async def mark_live_since(conn: Connection, response: Response) -> None:
+    """An open-ended query reads the live log: say where it begins when older partitions are archived."""
+    since = await live_since(conn)
+    if since is not None:
+        response.headers[LIVE_SINCE_HEADER] = format_timestamp(since)
+
+
+@router.get("/v1/replay/state", response_model=ReplayState, dependencies=ReadState, responses=ARCHIVED)
 async def state(
     request: Request,
     at: At,
@@ -51,6 +76,7 @@ async def state(
     deadline as known at that instant. A lease whose deadline had passed is not live, whether or not its
     `LOCK_EXPIRED` was recorded yet."""
     async with request.app.state.read_pool.acquire() as conn:
+        await refuse_archived(conn, _lookback(request, at), at)
         try:
             found = await replay.state_at(conn, at, prefix=prefix, owner=owner, cursor=cursor, limit=limit)
         except replay.FutureInstant as error:
@@ -63,7 +89,11 @@ async def state(
 
 
 @router.get(
-    "/v1/replay/changes", response_model=Changes, response_model_by_alias=True, dependencies=ReadState
+    "/v1/replay/changes",
+    response_model=Changes,
+    response_model_by_alias=True,
+    dependencies=ReadState,
+    responses=ARCHIVED,
 )
 async def changes(
     request: Request,
@@ -79,14 +109,18 @@ async def changes(
     if to < start:
         raise _invalid("to", "`to` is before `from`")
     async with request.app.state.read_pool.acquire() as conn:
+        await refuse_archived(conn, _lookback(request, start), to)
         page = await replay.changes(conn, start, to, prefix=prefix, owner=owner, cursor=cursor, limit=limit)
     items = [Change.model_validate(change, from_attributes=True) for change in page.changes]
     return Changes(from_=start, to=to, changes=items, next_cursor=page.next_cursor)
 
 
-@router.get("/v1/agents/{owner}/history", response_model=AgentHistory, dependencies=ReadHistory)
+@router.get(
+    "/v1/agents/{owner}/history", response_model=AgentHistory, dependencies=ReadHistory, responses=ARCHIVED
+)
 async def agent_history(
     request: Request,
+    response: Response,
     owner: Annotated[str, Path(pattern=OWNER_PATTERN, max_length=200)],
     start: Annotated[Instant | None, Query(alias="from", description="Inclusive.")] = None,
     end: Annotated[Instant | None, Query(alias="to", description="Exclusive.")] = None,
@@ -95,6 +129,10 @@ async def agent_history(
 ) -> AgentHistory:
     """One agent's events across every resource, in log order; page with `after_position`."""
     async with request.app.state.read_pool.acquire() as conn:
+        if start is None:
+            await mark_live_since(conn, response)
+        else:
+            await refuse_archived(conn, start, end)
         found = await replay.agent_history(
             conn, owner, after_position=after_position, start=start, end=end, limit=limit
         )
@@ -107,7 +145,10 @@ async def agent_history(
     "/v1/events",
     dependencies=ReadHistory,
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/x-ndjson": {}}, "description": "One event per line."}},
+    responses={
+        200: {"content": {"application/x-ndjson": {}}, "description": "One event per line."},
+        **ARCHIVED,
+    },
 )
 async def export(
     request: Request,
@@ -122,6 +163,14 @@ async def export(
     recorded_at, hash), in position order and constant memory. A broken download resumes with
     `after_position` set to the last position received."""
     pool = request.app.state.read_pool
+    headers: dict[str, str] = {}
+    async with pool.acquire() as conn:
+        if start is None:
+            since = await live_since(conn)
+            if since is not None:
+                headers[LIVE_SINCE_HEADER] = format_timestamp(since)
+        else:
+            await refuse_archived(conn, start, end)
 
     async def lines() -> AsyncIterator[bytes]:
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
@@ -137,4 +186,4 @@ async def export(
             if batch:
                 yield ("\n".join(batch) + "\n").encode()
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return StreamingResponse(lines(), media_type="application/x-ndjson", headers=headers)

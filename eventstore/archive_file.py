@@ -21,13 +21,15 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import zstandard
+
+from eventstore.verify import BrokenLink, ChainWalk
 
 FORMAT = "lockledger-archive/1"
 COLUMNS = (
@@ -271,3 +273,49 @@ class ArchiveReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveSource:
+    """An archive file to read, with the digest the archive catalog recorded for it (None: unchecked)."""
+
+    path: Path
+    content_sha256: str | None = None
+
+    def open(self) -> ArchiveReader:
+        return ArchiveReader(self.path)
+
+    def check(self, reader: ArchiveReader) -> None:
+        """After reading to the end: the file's digest is the recorded one."""
+        assert reader.trailer is not None
+        if self.content_sha256 is not None and reader.trailer.content_sha256 != self.content_sha256:
+            raise ArchiveCorrupt(
+                f"{self.path}: its digest {reader.trailer.content_sha256} is not the one recorded when it was"
+                f" archived ({self.content_sha256})"
+            )
+
+
+def walk_archive(
+    source: ArchiveSource, walk: ChainWalk, progress: Callable[[int], None] | None = None
+) -> BrokenLink | None:
+    """Carry ``walk`` through one archive file's events, checking the file's digest as it reads; the
+    first broken link, or None. Archives are walked oldest first, then the live log."""
+    with source.open() as reader:
+        for event in reader:
+            broken = walk.step(
+                event.stream_id,
+                event.stream_version,
+                event.event_id,
+                event.event_type,
+                event.data,
+                event.metadata,
+                event.recorded_at,
+                event.hash,
+            )
+            if broken is not None:
+                return broken
+            if progress is not None and walk.events % 10_000 == 0:
+                progress(walk.events)
+        source.check(reader)
+    walk.end_source()
+    return None

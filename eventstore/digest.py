@@ -16,6 +16,10 @@ order, ``json.dumps([stream, version, position, chain hash hex]) + "\\n"`` (JSON
 forge a line), then ``<streams>\\n``. Position order needs no collation, so a restored copy on
 another server gives the same value.
 
+Archived partitions (``eventstore/archive_file.py``) still count: given their files, oldest first, the
+digest reads the events at or before P from them as from the live log, so a digest kept before an
+archive run verifies after it, and the archive files are proved whole and unaltered with the log.
+
 The position a digest covers must be settled: an insert still in flight may hold a lower position than a
 committed one. Before reading, the digest waits (a bounded time) for the transactions that were running
 when the newest position was read, so a later verification does not count their events as inserted.
@@ -28,11 +32,12 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from eventstore.archive_file import ArchiveSource, walk_archive
 from eventstore.connection import Connection
-from eventstore.verify import VerifyReport, verify_chains
+from eventstore.verify import ChainWalk, VerifyReport, verify_chains
 
 PREFIX = "lldg1"
 _FORMAT = re.compile(rf"^{PREFIX}:(\d{{1,19}}):(\d{{1,19}}):(\d{{1,19}}):([0-9a-f]{{64}})$")
@@ -56,15 +61,46 @@ SELECT stream_id, stream_version, position, hash
          ORDER BY stream_id, stream_version DESC) AS heads
  ORDER BY position
 """
-# Ranges of positions in 1..P that hold no event; a sentinel at P + 1 reports a missing tail.
+# Ranges of positions in ($3, P] that hold no event ($3: the last archived position, or 0); a sentinel at
+# P + 1 reports a missing tail.
 GAPS_SQL = """
 SELECT previous + 1 AS first, position - 1 AS last
-  FROM (SELECT position, lag(position, 1, 0::bigint) OVER (ORDER BY position) AS previous
-          FROM (SELECT position FROM events WHERE position <= $1 UNION ALL SELECT $1 + 1) AS p) AS s
+  FROM (SELECT position, lag(position, 1, $3::bigint) OVER (ORDER BY position) AS previous
+          FROM (SELECT position FROM events WHERE position <= $1 AND position > $3
+                UNION ALL SELECT $1 + 1) AS p) AS s
  WHERE position > previous + 1
  ORDER BY first
  LIMIT $2
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Archived:
+    """What archive files hold at or before a position: the events' count and each stream's newest
+    event there (version, position, hash)."""
+
+    events: int
+    heads: dict[str, tuple[int, int, bytes]]
+    last_position: int  # the highest position any of the files holds, or 0
+
+    @classmethod
+    def read(cls, sources: Sequence[ArchiveSource], position: int) -> Archived:
+        events, last = 0, 0
+        heads: dict[str, tuple[int, int, bytes]] = {}
+        for source in sources:
+            with source.open() as reader:
+                for event in reader:
+                    last = max(last, event.position)
+                    if event.position <= position:
+                        events += 1
+                        head = heads.get(event.stream_id)
+                        if head is None or head[0] < event.stream_version:
+                            heads[event.stream_id] = (event.stream_version, event.position, event.hash)
+                source.check(reader)
+        return cls(events, heads, last)
+
+
+NOTHING_ARCHIVED = Archived(0, {}, 0)
 
 
 class PositionBeyondLog(ValueError):
@@ -145,16 +181,19 @@ async def compute_digest(
     position: int | None = None,
     progress: Callable[[int], None] | None = None,
     batch: int = 10_000,
+    archives: Sequence[ArchiveSource] = (),
 ) -> Digest:
-    """The digest of every event up to ``position`` (default: the newest); ``progress`` gets the number
-    of stream heads hashed so far. Raises :class:`PositionBeyondLog` past the newest event."""
+    """The digest of every event up to ``position`` (default: the newest), in the live log and in the
+    ``archives`` files; ``progress`` gets the number of stream heads hashed so far. Raises
+    :class:`PositionBeyondLog` past the newest event."""
     newest = await _settle(conn)
     if position is None:
         position = newest
     elif position > newest:
         raise PositionBeyondLog(f"position {position} is beyond the newest event's ({newest})")
+    archived = Archived.read(archives, position) if archives else NOTHING_ARCHIVED
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        return await _digest_at(conn, position, progress, batch)
+        return await _digest_at(conn, position, progress, batch, archived)
 
 
 async def verify_digest(
@@ -162,18 +201,26 @@ async def verify_digest(
     digest: Digest | str,
     progress: Callable[[int], None] | None = None,
     max_gaps: int = 10,
+    archives: Sequence[ArchiveSource] = (),
 ) -> DigestReport:
     """Prove the log up to the digest's position unchanged: recompute the digest there and verify every
-    stream's chain, both in one snapshot; ``progress`` gets the number of events verified so far. A
-    position beyond the newest event is no error here: the log's tail may be what was removed."""
+    stream's chain through the ``archives`` files (oldest first) and on into the live log, in one
+    snapshot; ``progress`` gets the number of events verified so far. A position beyond the newest
+    event is no error here: the log's tail may be what was removed."""
     expected = Digest.parse(digest) if isinstance(digest, str) else digest
     await _settle(conn)
+    archived = Archived.read(archives, expected.position) if archives else NOTHING_ARCHIVED
+    walk = ChainWalk()
+    broken = None
+    for source in archives:
+        if (broken := walk_archive(source, walk, progress)) is not None:
+            break
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        actual = await _digest_at(conn, expected.position, None, 10_000)
-        chains = await verify_chains(conn, progress)
+        actual = await _digest_at(conn, expected.position, None, 10_000, archived)
+        chains = walk.report(broken) if broken is not None else await verify_chains(conn, progress, walk=walk)
         gaps: list[tuple[int, int]] = []
         if actual != expected or not chains.ok:
-            rows = await conn.fetch(GAPS_SQL, expected.position, max_gaps)
+            rows = await conn.fetch(GAPS_SQL, expected.position, max_gaps, archived.last_position)
             gaps = [(row["first"], row["last"]) for row in rows]
     return DigestReport(expected, actual, chains, gaps)
 
@@ -192,17 +239,34 @@ async def _settle(conn: Connection, timeout_s: float = 5.0) -> int:
 
 
 async def _digest_at(
-    conn: Connection, position: int, progress: Callable[[int], None] | None, batch: int
+    conn: Connection,
+    position: int,
+    progress: Callable[[int], None] | None,
+    batch: int,
+    archived: Archived = NOTHING_ARCHIVED,
 ) -> Digest:
-    """The digest at ``position``, in the caller's transaction (a cursor needs one)."""
-    events = int(await conn.fetchval(COUNT_SQL, position))
+    """The digest at ``position``, in the caller's transaction (a cursor needs one). Without archives
+    the heads stream through a cursor; with them, the live heads are merged into the archived ones
+    (a stream's live events come after its archived ones) and sorted in memory, one entry per stream."""
+    events = archived.events + int(await conn.fetchval(COUNT_SQL, position))
     sha = hashlib.sha256(f"{PREFIX}\n{position}\n{events}\n".encode())
     streams = 0
-    async for row in conn.cursor(HEADS_SQL, position, prefetch=batch):
-        head = [row["stream_id"], row["stream_version"], row["position"], bytes(row["hash"]).hex()]
-        sha.update(json.dumps(head).encode() + b"\n")
+
+    def hash_head(stream: str, version: int, at: int, chain_hash: bytes) -> None:
+        nonlocal streams
+        sha.update(json.dumps([stream, version, at, chain_hash.hex()]).encode() + b"\n")
         streams += 1
         if progress is not None and streams % batch == 0:
             progress(streams)
+
+    if not archived.heads:
+        async for row in conn.cursor(HEADS_SQL, position, prefetch=batch):
+            hash_head(row["stream_id"], row["stream_version"], row["position"], bytes(row["hash"]))
+    else:
+        heads = dict(archived.heads)
+        async for row in conn.cursor(HEADS_SQL, position, prefetch=batch):
+            heads[row["stream_id"]] = (row["stream_version"], row["position"], bytes(row["hash"]))
+        for stream, (version, at, chain_hash) in sorted(heads.items(), key=lambda item: item[1][1]):
+            hash_head(stream, version, at, chain_hash)
     sha.update(f"{streams}\n".encode())
     return Digest(position, events, streams, sha.hexdigest())

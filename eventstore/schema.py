@@ -98,3 +98,20 @@ stream_heads = Table(
     Column("version", BigInteger, nullable=False),
     Column("hash", LargeBinary, nullable=False),
 )
+
+# The archive catalog (migration 0011, eventstore/archive.py): each partition archived to a file.
+event_archives = Table(
+    "event_archives",
+    metadata,
+    Column("partition", Text, primary_key=True),
+    Column("lower_bound", TIMESTAMP(timezone=True), nullable=False),
+    Column("upper_bound", TIMESTAMP(timezone=True), nullable=False),
+    Column("file_name", Text, nullable=False),
+    Column("events", BigInteger, nullable=False),
+    Column("first_position", BigInteger),
+    Column("last_position", BigInteger),
+    # SHA-256 of the file's uncompressed content before its trailer (eventstore/archive_file.py).
+    Column("content_sha256", Text, nullable=False),
+    Column("archived_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("restored_at", TIMESTAMP(timezone=True)),
+)

@@ -50,6 +50,7 @@ class VerifyReport:
     events: int
     streams: int
     broken: BrokenLink | None
+    anchored: int = 0  # streams checked from their first live event on (ChainWalk's ``anchor``)
 
     @property
     def ok(self) -> bool:
@@ -63,10 +64,16 @@ class ChainWalk:
     log): it keeps each stream's last version and hash (``heads``), so a stream that goes on in the next
     source chains to where the previous one left it. The last source is walked with ``forget=True``: a
     stream's head is dropped once its run ends, so memory stays flat however many streams it holds.
+
+    With ``anchor=True`` (the live log walked without the archives its older partitions went to), a
+    stream whose first event here is past version 1 is taken as it is, its chain checked from there on:
+    its link to the archived events cannot be, without their file. ``anchored`` counts those streams.
     """
 
-    def __init__(self, heads: dict[str, tuple[int, bytes]] | None = None) -> None:
+    def __init__(self, heads: dict[str, tuple[int, bytes]] | None = None, *, anchor: bool = False) -> None:
         self.heads: dict[str, tuple[int, bytes]] = dict(heads or {})
+        self.anchor = anchor
+        self.anchored = 0
         self.events = 0
         self.streams = len(self.heads)
         self._current: str | None = None
@@ -91,6 +98,11 @@ class ChainWalk:
             self._current = stream_id
             if stream_id not in self.heads:
                 self.streams += 1
+        if self.anchor and version > 1 and stream_id not in self.heads:
+            self.heads[stream_id] = (version, hash_)
+            self.anchored += 1
+            self.events += 1
+            return None
         last_version, previous = self.heads.get(stream_id, (0, b""))
         if version != last_version + 1:
             return BrokenLink(stream_id, last_version + 1, f"version {last_version + 1} is missing")
@@ -106,7 +118,7 @@ class ChainWalk:
         self._current = None
 
     def report(self, broken: BrokenLink | None = None) -> VerifyReport:
-        return VerifyReport(self.events, self.streams, broken)
+        return VerifyReport(self.events, self.streams, broken, self.anchored)
 
 
 async def verify_chains(

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
 from importlib.metadata import entry_points
-from typing import Annotated, Any
+from typing import Annotated, Any, overload
 
 try:
     import typer
@@ -142,8 +142,14 @@ def _instant(option: str, value: str | None) -> str | None:
 # --- rendering -----------------------------------------------------------------------------------------
 
 
-def _wire(value: datetime) -> str:
+@overload
+def _wire(value: datetime) -> str: ...
+@overload
+def _wire(value: datetime | None) -> str | None: ...
+def _wire(value: datetime | None) -> str | None:
     """An instant as the API writes it (UTC, microseconds, Z): json and csv keep the server's shape."""
+    if value is None:
+        return None
     return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from lockledger.errors import ValidationError
+from lockledger.errors import ValidationError, parse_datetime
 from lockledger.event import Event, required_datetime
 
 __all__ = [
@@ -105,7 +105,7 @@ class ReplayLease:
     resource: str
     owner: str
     fencing_token: int
-    acquired_at: datetime
+    acquired_at: datetime | None  # None: its acquire is in an archived partition of the server's log
     expires_at: datetime
     saga_id: str | None = None  # the saga, and its step, the lease was acquired for
     saga_step: str | None = None
@@ -113,7 +113,7 @@ class ReplayLease:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ReplayLease:
         return cls(
-            d["resource"], d["owner"], int(d["fencing_token"]), required_datetime(d["acquired_at"]),
+            d["resource"], d["owner"], int(d["fencing_token"]), parse_datetime(d.get("acquired_at")),
             required_datetime(d["expires_at"]), d.get("saga_id"), d.get("saga_step"),
         )  # fmt: skip
 

@@ -88,7 +88,7 @@ class LiveLease:
     resource: str
     owner: str
     fencing_token: int
-    acquired_at: datetime
+    acquired_at: datetime | None  # None: its acquire is in an archived partition
     expires_at: datetime  # the deadline as known at the instant asked about
     saga_id: str | None  # the saga, and its step, the lease was acquired for
     saga_step: str | None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from domain.resource import TtlBounds
@@ -119,6 +119,19 @@ class Settings(BaseSettings):
         description="How many intervals past now the partitions cover; an event no partition covers"
         " goes to the default partition (docs/operations.md).",
     )
+    retention_days: int | None = Field(
+        default=None,
+        ge=1,
+        description="Archive each partition of the log whose range ended more than this many days ago to"
+        " a file in `archive_dir`, then drop it from the database (docs/operations.md). Unset: every event"
+        " stays in the database.",
+    )
+    archive_dir: str | None = Field(
+        default=None, description="Where retention writes archive files (`lockledger archive --dir`)."
+    )
+    retention_interval_s: float = Field(
+        default=3_600.0, gt=0, description="How often retention looks for partitions to archive."
+    )
 
     max_body_bytes: int = Field(
         default=16_384,
@@ -161,6 +174,12 @@ class Settings(BaseSettings):
         " connection is being served. Unset: the open-file limit (`ulimit -n`) minus a reserve for the"
         " database pools and files; a larger value is lowered to that.",
     )
+
+    @model_validator(mode="after")
+    def _retention_has_a_directory(self) -> Settings:
+        if self.retention_days is not None and not self.archive_dir:
+            raise ValueError("LOCKLEDGER_RETENTION_DAYS needs LOCKLEDGER_ARCHIVE_DIR: where the archives go")
+        return self
 
     @property
     def ttl_bounds(self) -> TtlBounds:

@@ -60,6 +60,7 @@ async def test_a_lease_is_in_the_state_after_its_acquire_and_not_before(
     state = await investigator.replay_state(after, prefix=unique_prefix)
     assert _leases(state) == {lease.resource: (owner, lease.fencing_token)}
     (live,) = state.locks
+    assert live.acquired_at is not None
     assert before < live.acquired_at <= after
     assert live.expires_at == lease.expires_at
     assert state.at == after

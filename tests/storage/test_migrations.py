@@ -44,6 +44,7 @@ EXPECTED_TABLES = {
     "api_tokens",
     "saga_state",
     "outage_beacon",
+    "event_archives",
 }
 SCRATCH = "lockledger_schema_check"
 
