@@ -23,6 +23,7 @@ from service.database import create_pool
 from service.database_guard import DatabaseGuard
 from service.memory import MemoryTrimmer
 from service.outage import OutageWatch
+from service.retention import Retention
 from service.store_adapters import Adapters
 
 log = structlog.get_logger("lockledger.api")
@@ -102,6 +103,8 @@ def create_app(
         if settings.reaper_enabled:
             reaper = reaper_on_pool(pool, settings, outage_watch=outage_watch)
             reaper_task = asyncio.create_task(reaper.run(), name="reaper")
+        retention = Retention(settings) if settings.retention_days is not None else None
+        retention_task = asyncio.create_task(retention.run(), name="retention") if retention else None
         app.state.feed = await feed.start_feed(app.state.read_pool)  # the change feed's one reader
         app.state.memory = MemoryTrimmer()  # freed feed queues back to the OS when readers end
         lag_watch = asyncio.create_task(loop_lag.watch(), name="event-loop-lag")
@@ -120,6 +123,9 @@ def create_app(
             if reaper is not None and reaper_task is not None:
                 reaper.stop()
                 await reaper_task
+            if retention is not None and retention_task is not None:
+                retention.stop()
+                await retention_task
             await app.state.lock_service.close()
             await app.state.read_pool.close()
             await pool.close()

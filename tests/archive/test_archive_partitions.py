@@ -7,6 +7,7 @@ stream's chain runs from the old partition into the live log.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -243,3 +244,23 @@ async def test_retention_archives_what_is_older_than_its_days(url: str, tmp_path
     done = await Retention(settings).run_once(now=FEBRUARY + timedelta(days=31))
     assert [r.partition for r in done] == [OLD]
     assert await Retention(settings).run_once(now=FEBRUARY + timedelta(days=31)) == []
+
+
+async def test_a_server_with_retention_archives_on_its_own(url: str, tmp_path: Path) -> None:
+    settings = {"LOCKLEDGER_RETENTION_DAYS": "30", "LOCKLEDGER_ARCHIVE_DIR": str(tmp_path)}
+    with running_server(url, {"LOCKLEDGER_REAPER_ENABLED": "false", **settings}) as server:
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:
+            for _ in range(300):  # the first pass runs at start; a bound, not a timing
+                if any(r.archived for r in await catalog(conn)):
+                    break
+                await asyncio.sleep(0.1)
+            (record,) = await catalog(conn)
+        finally:
+            await conn.close()
+        assert record.partition == OLD
+        assert (tmp_path / record.file_name).exists()
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            metrics = (await http.get("/metrics")).text
+        assert "lockledger_partitions_archived_total 1.0" in metrics
+        assert f"lockledger_events_archived_total {float(sum(STREAMS.values()))}" in metrics
