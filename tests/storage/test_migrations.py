@@ -36,7 +36,16 @@ pytestmark = pytest.mark.storage
 assert projections.schema
 assert service.schema
 
-EXPECTED_TABLES = {"events", "lock_state", "idempotency_keys", "api_tokens", "saga_state", "outage_beacon"}
+EXPECTED_TABLES = {
+    "events",
+    "lock_state",
+    "idempotency_keys",
+    "api_tokens",
+    "saga_state",
+    "outage_beacon",
+    "projector_checkpoints",
+    "holding_periods",
+}
 SCRATCH = "lockledger_schema_check"
 
 
