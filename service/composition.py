@@ -15,6 +15,7 @@ from service.database_guard import DatabaseGuard
 from service.lock_service import LockService
 from service.notifier import PostgresNotifier
 from service.outage import OutageWatch
+from service.projectors import ProjectorRunner
 from service.reaper import Reaper
 from service.reaper_store import PostgresReaperStore
 from service.saga_service import SagaService
@@ -70,3 +71,8 @@ def reaper_on_pool(
     )
     store = PostgresReaperStore(pool, timeout_s)
     return Reaper(store, sagas, settings, reaper_id=reaper_id, outage_watch=outage_watch)
+
+
+def projector_runner_on_pool(pool: asyncpg.Pool, settings: Settings) -> ProjectorRunner:
+    """The asynchronous projectors, kept up with the log through ``pool`` (the service role's)."""
+    return ProjectorRunner(pool, poll_s=settings.projector_poll_ms / 1000)
