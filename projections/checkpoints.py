@@ -2,6 +2,8 @@
 
 A checkpoint is the change feed's cursor (``eventstore/tail.py``) kept in the database: every event of a
 transaction below ``lo`` is applied, those of ``[lo, hi)`` up to position ``after``, none from ``hi`` on.
+Between windows (``lo = hi``), ``after`` is a position below every event of a transaction from ``lo`` on
+(0 when none is known), where the next window's reading starts after a restart.
 ``covered_until`` is an instant by which every event recorded at or before it is applied (NULL: none
 known yet), which is what lets replay trust the table for instants up to it. A projector moves its
 checkpoint in the transaction that applies the events, and only from the checkpoint it read

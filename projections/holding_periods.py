@@ -75,11 +75,24 @@ SELECT g.stream_id, g.stream_version, g.data ->> 'owner', {payload_field_sql("g.
 # An event touches its own version (a grant's row) and the one before (whose row it ends).
 _TOUCHED = """SELECT DISTINCT s, v FROM unnest($1::text[], $2::bigint[]) AS e (s, w),
                      LATERAL (VALUES (e.w), (e.w - 1)) AS t (v)"""
-# Every grant of transactions below $1: a build from scratch.
-_ALL_BELOW = (
-    f"SELECT stream_id, stream_version FROM events WHERE {is_granting_sql('event_type')}"
-    " AND tx_id < $1::text::xid8"
-)
+# Every grant of transactions below $1, in one pass over the log: each stream's events in version order
+# give each grant its next event, and a hash join its lease's acquire (the same rows as _UPSERT's).
+_BUILD = f"""
+INSERT INTO {{table}} (resource, grant_version, owner, fencing_token, acquired_at, saga_id, saga_step,
+                      granted_at, expires_at, ended_at, ended_by)
+SELECT g.stream_id, g.stream_version, g.data ->> 'owner', g.fencing_token,
+       a.recorded_at, a.metadata ->> 'saga_id', a.metadata ->> 'saga_step',
+       g.recorded_at, {payload_field_sql("g.data", DEADLINE_FIELD)}, g.next_at, g.next_type
+  FROM (SELECT stream_id, stream_version, event_type, data, recorded_at, tx_id,
+               {payload_field_sql("data", "fencing_token")} AS fencing_token,
+               lead(recorded_at) OVER w AS next_at, lead(event_type) OVER w AS next_type
+          FROM events WINDOW w AS (PARTITION BY stream_id ORDER BY stream_version)) AS g
+  LEFT JOIN (SELECT DISTINCT ON (stream_id, fencing_token) stream_id, recorded_at, metadata,
+                    {payload_field_sql("data", "fencing_token")} AS fencing_token
+               FROM events WHERE event_type = '{LOCK_ACQUIRED}'
+              ORDER BY stream_id, fencing_token, stream_version) AS a USING (stream_id, fencing_token)
+ WHERE {is_granting_sql("g.event_type")} AND g.tx_id < $1::text::xid8
+"""
 
 
 async def apply(conn: Connection, table: str, keys: list[tuple[str, int]]) -> None:
@@ -91,7 +104,7 @@ async def apply(conn: Connection, table: str, keys: list[tuple[str, int]]) -> No
 
 async def build(conn: Connection, table: str, below: int) -> None:
     """Fill the empty ``table`` with the rows of every grant of a transaction below ``below``."""
-    await conn.execute(_UPSERT.format(table=table, keys=_ALL_BELOW), str(below))
+    await conn.execute(_BUILD.format(table=table), str(below))
 
 
 async def _apply_events(conn: Connection, table: str, events: list[TailEvent]) -> None:

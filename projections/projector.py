@@ -94,14 +94,14 @@ class Projector:
                 return Step(0, caught_up=True)
             self._marks.append(mark)
             self._opened_at = time.monotonic()
-            hi, after = window.hi, self._tail.floor(lo)
+            hi, after = window.hi, max(after, self._tail.floor(lo))
         events = await read_page(conn, lo, hi, after=after, page=self._page)
         done = len(events) < self._page
         new = Checkpoint(
             self.table,
             hi if done else lo,
             hi,
-            0 if done else events[-1].position,
+            self._tail.floor(hi) if done else events[-1].position,
             self._covered(hi) if done else None,
         )
         async with conn.transaction():
