@@ -489,7 +489,7 @@ def load(url: str, shape: HistoryShape, console: Console) -> LoadReport:
         f"  loaded {report.events:,} events on {report.streams:,} streams in {report.seconds:.0f} s "
         f"({report.events_per_s:,.0f}/s; rows {report.copy_seconds:.0f} s, "
         f"indexes {report.index_seconds:.0f} s, rebuild {report.rebuild_seconds:.0f} s, "
-        f"holding periods {report.holding_periods_seconds:.0f} s, "
+        f"projections {report.projections_seconds:.0f} s, "
         f"vacuum {report.vacuum_seconds:.0f} s), {report.database_mb:,.0f} MB",
         highlight=False,
     )

@@ -23,9 +23,9 @@ stays flat whatever N. The result is what the service would have left:
   load session (``session_replication_role = replica``: a superuser's). The secondary indexes and unique
   constraints of ``events`` are dropped for the load and made again from their own definitions after it
   (an index built once is much cheaper than 10 M random inserts into it), then ``lock_state`` is rebuilt
-  from the log (``projections/rebuild.py``), ``holding_periods`` and its checkpoint built as its projector
-  builds them (``projections/projector.py`` ``build``: the statement it applies pages with, over the whole
-  log at once), and the tables vacuumed and analyzed.
+  from the log (``projections/rebuild.py``), ``holding_periods`` and ``agent_stats`` with their
+  checkpoints built as a rebuild builds them (``projections/projector.py`` ``build``), and the tables
+  vacuumed and analyzed.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from domain.events import LOCK_ACQUIRED, LOCK_EXPIRED, LOCK_FORCE_RELEASED, LOCK
 from domain.timestamps import format_timestamp
 from eventstore.dburl import asyncpg_dsn
 from eventstore.verify import event_hash
+from projections.agent_stats import AGENT_STATS
 from projections.holding_periods import HOLDING_PERIODS
 from projections.projector import build
 from projections.rebuild import rebuild_lock_state
@@ -340,7 +341,7 @@ class LoadReport:
     copy_seconds: float
     index_seconds: float
     rebuild_seconds: float
-    holding_periods_seconds: float
+    projections_seconds: float
     vacuum_seconds: float
     lock_state_rows: int
     peak_rss_mb: float  # of this process while generating and copying
@@ -359,7 +360,7 @@ class LoadReport:
             "copy_seconds": round(self.copy_seconds, 2),
             "copy_events_per_s": round(self.events / self.copy_seconds) if self.copy_seconds else None,
             "index_seconds": round(self.index_seconds, 2), "rebuild_seconds": round(self.rebuild_seconds, 2),
-            "holding_periods_seconds": round(self.holding_periods_seconds, 2),
+            "projections_seconds": round(self.projections_seconds, 2),
             "vacuum_seconds": round(self.vacuum_seconds, 2), "lock_state_rows": self.lock_state_rows,
             "loader_peak_rss_mb": round(self.peak_rss_mb, 1), "database_mb": round(self.database_mb, 1),
         }  # fmt: skip
@@ -414,9 +415,12 @@ async def load_history(
         indexed = time.perf_counter()
         lock_state_rows = await rebuild_lock_state(conn)
         rebuilt = time.perf_counter()
-        await build(conn, HOLDING_PERIODS)
+        # Nothing else writes to this database, so the last position is below every later event.
+        last = await conn.fetchval("SELECT max(position) FROM events")
+        for projection in (HOLDING_PERIODS, AGENT_STATS):
+            await build(conn, projection, floor=last)
         projected = time.perf_counter()
-        await conn.execute("VACUUM (ANALYZE) events, lock_state, holding_periods")
+        await conn.execute("VACUUM (ANALYZE) events, lock_state, holding_periods, agent_stats")
         vacuumed = time.perf_counter()
         summary = await conn.fetchrow(
             "SELECT count(DISTINCT stream_id) AS streams, min(recorded_at) AS first,"
@@ -434,7 +438,7 @@ async def load_history(
         copy_seconds=copied - started,
         index_seconds=indexed - copied,
         rebuild_seconds=rebuilt - indexed,
-        holding_periods_seconds=projected - rebuilt,
+        projections_seconds=projected - rebuilt,
         vacuum_seconds=vacuumed - projected,
         lock_state_rows=lock_state_rows,
         peak_rss_mb=peak_rss / 2**20,

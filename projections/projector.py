@@ -137,15 +137,19 @@ class Projector:
         return covered
 
 
-async def build(conn: Connection, projection: Projection, table: str | None = None) -> Checkpoint:
+async def build(
+    conn: Connection, projection: Projection, table: str | None = None, *, floor: int = 0
+) -> Checkpoint:
     """Fill ``table`` (the projection's own by default, empty) from every transaction below the current
-    xmin in one snapshot, and set its checkpoint there: a projector takes over from it."""
+    xmin in one snapshot, and set its checkpoint there: a projector takes over from it. ``floor`` is a
+    position below every event of a transaction not yet ended, when the caller knows one (a loader alone
+    on its database: the last position); 0 makes the projector's first window read from the start."""
     table = table or projection.name
     tx, at = await Projector(projection, table=table)._mark(conn)
     async with conn.transaction(isolation="repeatable_read"):
         xmin: int = await conn.fetchval("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
         await projection.build(conn, table, xmin)
-        built = Checkpoint(table, xmin, xmin, 0, at - SETTLE if tx < xmin else None)
+        built = Checkpoint(table, xmin, xmin, floor, at - SETTLE if tx < xmin else None)
         await checkpoints.store(conn, built)
     return built
 

@@ -18,6 +18,7 @@ import asyncpg
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
+from projections.agent_stats import AGENT_STATS
 from projections.holding_periods import HOLDING_PERIODS
 from projections.projector import Projection, Projector
 from service.stopping import pause_unless_stopped
@@ -37,7 +38,7 @@ DELAY = Histogram(
 )
 APPLIED = Counter("lockledger_projector_events_total", "Events applied by projectors", ["projector"])
 
-PROJECTIONS = (HOLDING_PERIODS,)
+PROJECTIONS = (HOLDING_PERIODS, AGENT_STATS)
 
 
 @dataclass(frozen=True, slots=True)

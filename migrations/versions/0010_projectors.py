@@ -1,8 +1,8 @@
-"""Asynchronous projectors: their checkpoints, and holding_periods for replay.
+"""Asynchronous projectors: their checkpoints, holding_periods for replay, agent_stats for the dashboard.
 
-``holding_periods`` starts empty with its checkpoint at the start of the log: the server's projector
-runner fills it from the log (``service/projectors.py``), and replay reads the log until it has caught up
-(``projections/replay.py``). The service role writes both tables; the read-only role reads them.
+Both tables start empty with their checkpoints at the start of the log: the server's projector runner
+fills them from the log (``service/projectors.py``), and replay reads the log until holding_periods has
+caught up (``projections/replay.py``). The service role writes the tables; the read-only role reads them.
 
 Revision ID: 0010
 Revises: 0009
@@ -55,16 +55,27 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("resource", "grant_version"),
     )
     op.create_index("holding_periods_valid_idx", "holding_periods", ["valid"], postgresql_using="gist")
+    op.create_table(
+        "agent_stats",
+        sa.Column("owner", sa.Text(), nullable=False),
+        sa.Column("zone", sa.Text(), nullable=False),
+        sa.Column("holds", sa.BigInteger(), nullable=False),
+        sa.Column("ended", sa.BigInteger(), nullable=False),
+        sa.Column("held_ms", sa.BigInteger(), nullable=False),
+        sa.Column("lapses", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("owner", "zone"),
+    )
     op.execute(
         "INSERT INTO projector_checkpoints (name, lo, hi, after, updated_at)"
-        " VALUES ('holding_periods', 1, 1, 0, clock_timestamp())"
+        " VALUES ('holding_periods', 1, 1, 0, clock_timestamp()), ('agent_stats', 1, 1, 0, clock_timestamp())"
     )
-    for table in ("projector_checkpoints", "holding_periods"):
+    for table in ("projector_checkpoints", "holding_periods", "agent_stats"):
         op.execute(f"GRANT SELECT, INSERT, UPDATE ON {table} TO {SERVICE_ROLE}")
         op.execute(f"GRANT SELECT ON {table} TO {READONLY_ROLE}")
         op.execute(f"ALTER TABLE {table} OWNER TO {MIGRATOR_ROLE}")
 
 
 def downgrade() -> None:
+    op.drop_table("agent_stats")
     op.drop_table("holding_periods")
     op.drop_table("projector_checkpoints")

@@ -652,7 +652,7 @@ async def test_health_endpoints(http: httpx.AsyncClient) -> None:
     assert readyz.status_code == 200
     body = readyz.json()
     assert body["status"] == "ready"
-    assert set(body["projectors"]) == {"holding_periods"}  # detail: each projector's lag
+    assert set(body["projectors"]) == {"holding_periods", "agent_stats"}  # detail: each projector's lag
 
 
 async def test_metrics_show_database_batches_and_event_loop_lag(

@@ -45,6 +45,7 @@ EXPECTED_TABLES = {
     "outage_beacon",
     "projector_checkpoints",
     "holding_periods",
+    "agent_stats",
 }
 SCRATCH = "lockledger_schema_check"
 
