@@ -27,7 +27,7 @@ from eventstore.tail import Tail, TailEvent, read_page
 from projections import checkpoints
 from projections.checkpoints import Checkpoint
 
-SETTLE = timedelta(seconds=5)  # the service role's statement_timeout (service/config.py)
+SETTLE = timedelta(seconds=5)  # the service role's default statement_timeout (service/config.py)
 _MARK_SQL = "SELECT statement_timestamp() AS at, pg_current_xact_id()::text::bigint AS tx"
 _FIRST_TX = 1  # a checkpoint at (1, 1): nothing applied, the whole log to read
 
@@ -60,10 +60,18 @@ def initial_checkpoint(name: str) -> Checkpoint:
 class Projector:
     """One projection kept in one table (its own, or a rebuild's shadow)."""
 
-    def __init__(self, projection: Projection, *, table: str | None = None, page: int = 2_000) -> None:
+    def __init__(
+        self,
+        projection: Projection,
+        *,
+        table: str | None = None,
+        page: int = 2_000,
+        settle: timedelta = SETTLE,
+    ) -> None:
         self.projection = projection
         self.table = table or projection.name
         self._page = page
+        self._settle = settle  # the writers' statement_timeout
         self._tail = Tail()
         self._checkpoint: Checkpoint | None = None
         self._marks: deque[tuple[int, datetime]] = deque()
@@ -130,10 +138,10 @@ class Projector:
         return row["tx"], row["at"]
 
     def _covered(self, hi: int) -> datetime | None:
-        """The latest ``c - SETTLE`` of the marks below ``hi``, which a window up to ``hi`` covers."""
+        """The latest ``c - settle`` of the marks below ``hi``, which a window up to ``hi`` covers."""
         covered = None
         while self._marks and self._marks[0][0] < hi:
-            covered = self._marks.popleft()[1] - SETTLE
+            covered = self._marks.popleft()[1] - self._settle
         return covered
 
 

@@ -6,6 +6,8 @@ the PostgreSQL adapters for them, so tests can wire the in-memory fakes (``servi
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import asyncpg
 
 from domain.resource import TtlBounds
@@ -74,5 +76,7 @@ def reaper_on_pool(
 
 
 def projector_runner_on_pool(pool: asyncpg.Pool, settings: Settings) -> ProjectorRunner:
-    """The asynchronous projectors, kept up with the log through ``pool`` (the service role's)."""
-    return ProjectorRunner(pool, poll_s=settings.projector_poll_ms / 1000)
+    """The asynchronous projectors, kept up with the log through ``pool`` (the service role's); an instant
+    counts as covered once the writers' statement_timeout has passed since a mark after it."""
+    settle = timedelta(milliseconds=settings.statement_timeout_ms)
+    return ProjectorRunner(pool, poll_s=settings.projector_poll_ms / 1000, settle=settle)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from dataclasses import dataclass
+from datetime import timedelta
 
 import asyncpg
 import structlog
@@ -20,7 +21,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from projections.agent_stats import AGENT_STATS
 from projections.holding_periods import HOLDING_PERIODS
-from projections.projector import Projection, Projector
+from projections.projector import SETTLE, Projection, Projector
 from service.stopping import pause_unless_stopped
 
 log = structlog.get_logger("lockledger.projectors")
@@ -52,11 +53,16 @@ class Status:
 
 class ProjectorRunner:
     def __init__(
-        self, pool: asyncpg.Pool, projections: tuple[Projection, ...] = PROJECTIONS, *, poll_s: float = 0.1
+        self,
+        pool: asyncpg.Pool,
+        projections: tuple[Projection, ...] = PROJECTIONS,
+        *,
+        poll_s: float = 0.1,
+        settle: timedelta = SETTLE,
     ) -> None:
         self._pool = pool
         self._poll_s = poll_s
-        self.projectors = [Projector(projection) for projection in projections]
+        self.projectors = [Projector(projection, settle=settle) for projection in projections]
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         for projector in self.projectors:
