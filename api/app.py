@@ -17,7 +17,7 @@ from api.http_protocol import DRAIN
 from api.limits import install_limits
 from service import garbage_collection, loop_lag
 from service.authenticator import Authenticator
-from service.composition import lock_service_on_pool, reaper_on_pool
+from service.composition import lock_service_on_pool, projector_runner_on_pool, reaper_on_pool
 from service.config import Settings
 from service.database import create_pool
 from service.database_guard import DatabaseGuard
@@ -105,6 +105,10 @@ def create_app(
             reaper_task = asyncio.create_task(reaper.run(), name="reaper")
         retention = Retention(settings) if settings.retention_days is not None else None
         retention_task = asyncio.create_task(retention.run(), name="retention") if retention else None
+        app.state.projectors = None
+        if settings.projectors_enabled:
+            app.state.projectors = projector_runner_on_pool(pool, settings)
+            app.state.projectors.start()
         app.state.feed = await feed.start_feed(app.state.read_pool)  # the change feed's one reader
         app.state.memory = MemoryTrimmer()  # freed feed queues back to the OS when readers end
         lag_watch = asyncio.create_task(loop_lag.watch(), name="event-loop-lag")
@@ -118,6 +122,8 @@ def create_app(
             await beacon
             lag_watch.cancel()
             await app.state.feed.stop()
+            if app.state.projectors is not None:
+                await app.state.projectors.stop()
             with contextlib.suppress(asyncio.CancelledError):
                 await lag_watch
             if reaper is not None and reaper_task is not None:

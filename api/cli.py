@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import enum
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -290,9 +291,12 @@ def migrate(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
 
 @app.command()
 def rebuild(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
-    """Rebuild what is derived from the event log: the lock_state projection and the indexes replay
-    reads (run as the schema owner)."""
+    """Rebuild what is derived from the event log: the lock_state projection, the indexes replay
+    reads, and holding_periods (beside the live table, which serves until the switch; run as the schema
+    owner)."""
 
+    from projections.holding_periods import HOLDING_PERIODS
+    from projections.projection_rebuild import rebuild_projection
     from projections.rebuild import rebuild_lock_state, rebuild_replay_indexes
 
     url, _ = resolve_database(database_url, data_dir)
@@ -301,6 +305,10 @@ def rebuild(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
     console.print(f"[green]lock_state rebuilt from the log: {rows} resources[/green]")
     indexes = asyncio.run(with_connection(url, rebuild_replay_indexes))
     console.print(f"[green]replay indexes rebuilt from the log: {', '.join(indexes)}[/green]")
+    switched = asyncio.run(
+        with_connection(url, functools.partial(rebuild_projection, projection=HOLDING_PERIODS))
+    )
+    console.print(f"[green]holding_periods rebuilt from the log and switched to (at {switched.lo})[/green]")
 
 
 ArchivesDir = Annotated[

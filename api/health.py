@@ -83,7 +83,22 @@ async def readyz(request: Request) -> Response:
     if not writable:
         await pool.expire_connections()
         return problem(503, "unavailable", NO_WRITABLE_PRIMARY, headers={"Retry-After": "1"})
-    return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "ready", "projectors": _projectors(request)})
+
+
+def _projectors(request: Request) -> dict[str, dict[str, float | str | None]]:
+    """Each asynchronous projector's lag in this process, and the instant replay may read it up to
+    (detail only: a lagging projector makes replay slower, not wrong, so it leaves the server ready)."""
+    runner = request.app.state.projectors
+    if runner is None:
+        return {}
+    return {
+        s.name: {
+            "lag_seconds": None if s.lag_s is None else round(s.lag_s, 3),
+            "covered_until": s.covered_until,
+        }
+        for s in runner.status()
+    }
 
 
 @router.get("/metrics", include_in_schema=False)

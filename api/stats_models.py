@@ -24,3 +24,23 @@ class Stats(BaseModel):
     )
     leases_expired: int = Field(description="Leases this process's reaper expired since it started.")
     leases_held: int = Field(description="Leases held now (deadline ahead), database-wide.")
+
+
+class AgentFigures(BaseModel):
+    owner: str
+    holds: int = Field(description="Leases the agent acquired.")
+    ended: int = Field(
+        description="Of those, the leases whose end (release, expiry, force-release) is logged."
+    )
+    mean_hold_ms: int | None = Field(
+        description="Mean time from acquire to end over the ended leases (a lapsed one ends at its deadline)."
+    )
+    lapses: int = Field(description="Leases that ended by expiring: the agent stopped renewing in time.")
+
+
+class AgentStatsPage(BaseModel):
+    items: list[AgentFigures] = Field(
+        description="Per agent, the busiest first, from the agent_stats projection (it may trail the log by"
+        " its lag on /metrics). Refused acquires are not logged, so conflicts are not counted here; the"
+        " dashboard's conflicts/s comes from /v1/stats."
+    )

@@ -1,6 +1,7 @@
 """Replay: the fleet's leases at any past instant, what changed between two instants, timelines, export.
 
-Everything here reads the events table alone, through indexes derived from it (migration 0005):
+Everything here can be answered from the events table alone, through indexes derived from it
+(migration 0005):
 
 - A grant (``LOCK_ACQUIRED`` or ``LOCK_RENEWED``) keeps its lease over ``[recorded_at, deadline)`` unless
   the stream's next event ends or renews it sooner. So the leases live at T are the grants whose span
@@ -8,6 +9,10 @@ Everything here reads the events table alone, through indexes derived from it (m
   deadline passing ends a lease whether or not its ``LOCK_EXPIRED`` was recorded yet, as in the decider.
 - Within a stream, events are recorded in version order (each append locks the stream's head and reads
   the clock after), which is what lets "the next event" be the one at version + 1.
+
+``state_at`` reads ``holding_periods`` instead (one GiST scan, ``projections/holding_periods.py``) when its
+projector's checkpoint covers T (every event recorded by T applied), and the log otherwise: the same
+answer either way, the log's only slower.
 
 Times are half-open ``[from, to)`` for timelines and export; ``changes`` covers ``(from, to]``, so the state
 at ``to`` is the state at ``from`` with the changes applied.
@@ -25,6 +30,7 @@ from domain.events import GRANTING_EVENTS, LOCK_ACQUIRED
 from domain.timestamps import format_timestamp
 from eventstore.connection import Connection
 from eventstore.payloads import timestamp_text_sql
+from projections.holding_periods import HOLDING_PERIODS
 
 LEASE_LAPSED = "LEASE_LAPSED"  # a change with no event: a deadline passed and nothing was recorded yet
 
@@ -51,14 +57,15 @@ def _filters(alias: str, prefix: str, owner: str) -> str:
 # only it is checked for a later event.
 # Positions are drawn in the statement that reads the clock for recorded_at, so the newest position at
 # or before T is among the events of the last minute before T, if there are any.
-STATE_SQL = f"""
+_HEAD = """
 SELECT head.db_now, head.position, live.*
   FROM (SELECT clock_timestamp() AS db_now, coalesce(
                (SELECT max(position + 0) FROM events  -- + 0: found by time, not by scanning positions
                  WHERE recorded_at > $1::timestamptz - interval '1 minute' AND recorded_at <= $1),
                (SELECT position FROM events WHERE recorded_at <= $1
                  ORDER BY recorded_at DESC, position DESC LIMIT 1),
-               0) AS position) AS head
+               0) AS position) AS head"""
+STATE_SQL = f"""{_HEAD}
   LEFT JOIN (
     SELECT g.stream_id AS resource, g.owner, g.fencing_token, g.expires_at, a.recorded_at AS acquired_at,
            a.metadata ->> 'saga_id' AS saga_id, a.metadata ->> 'saga_step' AS saga_step
@@ -81,6 +88,22 @@ SELECT head.db_now, head.position, live.*
   ) AS live ON true
  ORDER BY live.resource
 """
+# The same answer from holding_periods, for an instant its projector has covered: the one row of each
+# stream valid at $1 (projections/holding_periods.py), one GiST scan.
+HELD_AT_SQL = f"""{_HEAD}
+  LEFT JOIN (
+    SELECT h.resource, h.owner, h.fencing_token, h.expires_at, h.acquired_at, h.saga_id, h.saga_step
+      FROM {HOLDING_PERIODS.name} h
+     WHERE h.valid @> $1::timestamptz
+       AND ($2::text IS NULL OR starts_with(h.resource, $2)) AND ($3::text IS NULL OR h.owner = $3)
+       AND ($4::text IS NULL OR h.resource > $4)
+     ORDER BY h.resource
+     LIMIT $5
+  ) AS live ON true
+ ORDER BY live.resource
+"""
+COVERED_SQL = "SELECT covered_until FROM projector_checkpoints WHERE name = $1"
+LOG, PROJECTION = "log", HOLDING_PERIODS.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +123,7 @@ class StateAt:
     position: int  # the last event recorded at or before ``at`` (0: none)
     locks: list[LiveLease]
     next_cursor: str | None
+    source: str = LOG  # what answered: the log, or holding_periods (PROJECTION)
 
 
 class FutureInstant(ValueError):
@@ -114,9 +138,15 @@ async def state_at(
     owner: str | None = None,
     cursor: str | None = None,
     limit: int = 100,
+    use_projection: bool = True,
 ) -> StateAt:
-    """Every lease live at ``at``, by resource, a page of ``limit`` after ``cursor`` (a resource)."""
-    rows = await conn.fetch(STATE_SQL, at, prefix, owner, cursor, limit + 1)
+    """Every lease live at ``at``, by resource, a page of ``limit`` after ``cursor`` (a resource): from
+    holding_periods when its projector has covered ``at`` (and ``use_projection``), else from the log;
+    the same answer."""
+    covered = await conn.fetchval(COVERED_SQL, HOLDING_PERIODS.name) if use_projection else None
+    source = PROJECTION if covered is not None and at <= covered else LOG
+    sql = HELD_AT_SQL if source == PROJECTION else STATE_SQL
+    rows = await conn.fetch(sql, at, prefix, owner, cursor, limit + 1)
     head = rows[0]
     if at > head["db_now"]:
         raise FutureInstant(
@@ -138,7 +168,7 @@ async def state_at(
         for r in live[:limit]
     ]
     next_cursor = locks[-1].resource if len(live) > limit else None
-    return StateAt(at, head["position"], locks, next_cursor)
+    return StateAt(at, head["position"], locks, next_cursor, source)
 
 
 # Events recorded in ($1, $2], and the leases whose deadline passed in ($1, $2] with nothing recorded for

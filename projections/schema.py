@@ -13,6 +13,9 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from domain.state import LockState
 from eventstore.schema import metadata
+from projections.agent_stats import agent_stats
+from projections.checkpoints import projector_checkpoints
+from projections.holding_periods import holding_periods
 from projections.saga_state import saga_state
 
 lock_state = Table(
@@ -39,7 +42,15 @@ lock_state = Table(
 )
 
 
-__all__ = ["lock_state", "lock_state_from_row", "saga_state"]  # saga_state: registered on the MetaData
+# Registered on the MetaData by import: saga_state, and the asynchronous projectors' tables.
+__all__ = [
+    "agent_stats",
+    "holding_periods",
+    "lock_state",
+    "lock_state_from_row",
+    "projector_checkpoints",
+    "saga_state",
+]
 
 
 class Row(Protocol):

@@ -6,6 +6,8 @@ the PostgreSQL adapters for them, so tests can wire the in-memory fakes (``servi
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import asyncpg
 
 from domain.resource import TtlBounds
@@ -15,6 +17,7 @@ from service.database_guard import DatabaseGuard
 from service.lock_service import LockService
 from service.notifier import PostgresNotifier
 from service.outage import OutageWatch
+from service.projectors import ProjectorRunner
 from service.reaper import Reaper
 from service.reaper_store import PostgresReaperStore
 from service.saga_service import SagaService
@@ -70,3 +73,10 @@ def reaper_on_pool(
     )
     store = PostgresReaperStore(pool, timeout_s)
     return Reaper(store, sagas, settings, reaper_id=reaper_id, outage_watch=outage_watch)
+
+
+def projector_runner_on_pool(pool: asyncpg.Pool, settings: Settings) -> ProjectorRunner:
+    """The asynchronous projectors, kept up with the log through ``pool`` (the service role's); an instant
+    counts as covered once the writers' statement_timeout has passed since a mark after it."""
+    settle = timedelta(milliseconds=settings.statement_timeout_ms)
+    return ProjectorRunner(pool, poll_s=settings.projector_poll_ms / 1000, settle=settle)

@@ -92,6 +92,12 @@ class Settings(BaseSettings):
         " providers this process configures. Off by default: even unconfigured it looks the providers up"
         " on every request, about 4 % of the server's CPU on the command path; /metrics is Prometheus.",
     )
+    projectors_enabled: bool = Field(
+        default=True, description="Keep the asynchronous projections (holding_periods) inside `serve`."
+    )
+    projector_poll_ms: int = Field(
+        default=100, description="Pause between projector passes that found nothing new."
+    )
     reaper_interval_ms: int = Field(
         default=200, description="Pause between reaper passes that found nothing."
     )

@@ -4,7 +4,8 @@
 //
 // Data: /v1/locks (held locks, re-polled every few seconds), /v1/events/stream (the change feed: tables
 // update on each event), /v1/sagas (in flight and stuck), /v1/stats (conflicts/s from this server's
-// counters), /v1/replay/state and /v1/replay/changes (the time slider). Times come from the server's
+// counters), /v1/stats/agents (each agent's holds, mean hold and lapses, from the agent_stats projector),
+// /v1/replay/state and /v1/replay/changes (the time slider). Times come from the server's
 // clock: the offset to it is measured on each /v1/locks answer (its `at`).
 
 import { setUpTimeline } from "./timeline.js";
@@ -32,6 +33,7 @@ const state = {
   expiries: new Map(), // minute -> LOCK_EXPIRED events seen
   conflicts: [], // {at, rate} from two /v1/stats reads of one process
   lastStats: null,
+  agentStats: new Map(), // owner -> {holds, ended, mean_hold_ms, lapses} from /v1/stats/agents
   tokenWaiters: [],
 };
 
@@ -221,6 +223,18 @@ async function pollStats() {
   state.conflicts.splice(0, Math.max(0, state.conflicts.length - 60));
 }
 
+async function pollAgentStats() {
+  const page = await api("/v1/stats/agents?limit=1000");
+  state.agentStats = new Map(page.items.map((item) => [item.owner, item]));
+}
+
+function agentFigures(owner) {
+  const figures = state.agentStats.get(owner);
+  if (!figures) return "";
+  const mean = figures.mean_hold_ms === null ? "–" : `${(figures.mean_hold_ms / 1000).toFixed(1)} s`;
+  return `${figures.holds} holds · mean ${mean} · ${figures.lapses} lapses`;
+}
+
 function every(ms, poll) {
   const run = async () => {
     try {
@@ -234,7 +248,7 @@ function every(ms, poll) {
 }
 
 function refreshAll() {
-  for (const poll of [pollLocks, pollSagas, pollStats]) poll().catch(() => {});
+  for (const poll of [pollLocks, pollSagas, pollStats, pollAgentStats]) poll().catch(() => {});
   if (state.scrub) scrubTo(state.scrub.at);
 }
 
@@ -442,7 +456,13 @@ function renderAgents(locks) {
   const agents = [...counts].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1));
   $("agents").replaceChildren(
     ...agents.slice(0, 100).map(([owner, count]) =>
-      el("li", { "data-owner": owner }, el("span", { text: owner }), el("b", { text: String(count) })),
+      el(
+        "li",
+        { "data-owner": owner },
+        el("span", { text: owner }),
+        el("span", { class: "why", text: agentFigures(owner) }),
+        el("b", { text: String(count) }),
+      ),
     ),
   );
   $("agents-empty").hidden = agents.length > 0;
@@ -683,6 +703,7 @@ function start() {
   every(LOCK_POLL_MS, pollLocks);
   every(SAGA_POLL_MS, pollSagas);
   every(STATS_POLL_MS, pollStats);
+  every(STATS_POLL_MS, pollAgentStats);
   followFeed();
   setInterval(tick, 500);
   if (!Number.isNaN(at)) scrubTo(at);

@@ -3,7 +3,8 @@
 Hypothesis writes lock histories on their own stretch of a synthetic past (decided by the pure decider,
 appended with the instants it chose, deadlines that pass between events included), then asks
 ``state_at`` about instants before, between, at and after the events and deadlines, and compares with
-the fold below: what was live at T, with the deadline known at T and when the lease was acquired.
+the fold below: what was live at T, with the deadline known at T and when the lease was acquired. Both
+ways of answering are held to it: the log, and holding_periods once its projector has caught up.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from domain.events import event_payload, stamp
 from domain.state import LockState, initial_state
 from eventstore.connection import Connection
 from eventstore.dburl import asyncpg_dsn
-from projections.replay import state_at
+from projections.holding_periods import HOLDING_PERIODS
+from projections.projector import Projector
+from projections.replay import LOG, PROJECTION, state_at
 
 pytestmark = pytest.mark.storage
 
@@ -50,6 +53,7 @@ steps = st.lists(
 class Logged:
     position: int
     resource: str
+    version: int
     type: str
     data: dict[str, object]
     recorded_at: datetime
@@ -67,7 +71,7 @@ def _command(kind: str, resource: str, owner: str, ttl_ms: int, state: LockState
     return ForceRelease(resource, "hypothesis")
 
 
-async def _write(conn: Connection, prefix: str, start: datetime, story: list[Step]) -> list[Logged]:
+async def write_history(conn: Connection, prefix: str, start: datetime, story: list[Step]) -> list[Logged]:
     states = {i: initial_state(f"{prefix}r{i}") for i in range(3)}
     now = start
     logged: list[Logged] = []
@@ -88,7 +92,7 @@ async def _write(conn: Connection, prefix: str, start: datetime, story: list[Ste
                    VALUES ($1, $2, $3, $4::jsonb, $5) RETURNING position""",
                 state.resource, state.version, event.type, json.dumps(data), now,
             )  # fmt: skip
-            logged.append(Logged(position, state.resource, event.type, data, now))
+            logged.append(Logged(position, state.resource, state.version, event.type, data, now))
         states[index] = state
     return logged
 
@@ -125,18 +129,22 @@ def _instants(logged: list[Logged], start: datetime) -> list[datetime]:
     return marks
 
 
+@pytest.mark.parametrize("source", [LOG, PROJECTION])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(story=steps)
 async def test_replay_equals_a_fold_of_the_log(
-    own_database: str, unique_prefix: str, story: list[Step]
+    own_database: str, unique_prefix: str, story: list[Step], source: str
 ) -> None:
     start = _BASE + timedelta(days=next(_DAYS))
     prefix = f"{unique_prefix}{start:%j}:"
     conn = await asyncpg.connect(asyncpg_dsn(own_database), server_settings={"timezone": "UTC"})
     try:
-        logged = await _write(conn, prefix, start, story)
+        logged = await write_history(conn, prefix, start, story)
+        if source == PROJECTION:
+            await Projector(HOLDING_PERIODS).catch_up(conn)
         for at in _instants(logged, start):
-            found = await state_at(conn, at, prefix=prefix, limit=1000)
+            found = await state_at(conn, at, prefix=prefix, limit=1000, use_projection=source == PROJECTION)
+            assert found.source == source
             got = [
                 (lease.resource, lease.owner, lease.fencing_token, lease.acquired_at, lease.expires_at)
                 for lease in found.locks

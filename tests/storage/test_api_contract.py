@@ -646,7 +646,9 @@ async def test_health_endpoints(http: httpx.AsyncClient) -> None:
     assert healthz.json() == {"status": "ok"}
     readyz = await http.get("/readyz")
     assert readyz.status_code == 200
-    assert readyz.json() == {"status": "ready"}
+    body = readyz.json()
+    assert body["status"] == "ready"
+    assert set(body["projectors"]) == {"holding_periods", "agent_stats"}  # detail: each projector's lag
 
 
 async def test_metrics_show_database_batches_and_event_loop_lag(
@@ -845,3 +847,28 @@ async def test_force_release_of_a_never_locked_resource(
     assert response.json() == NOTHING_RELEASED | {"resource": resource}
     assert await event_types(admin_pool, resource) == []
     assert_problem(await http.get(f"/v1/locks/{resource}"), 404, "not_found")
+
+
+async def test_metrics_show_the_projectors_lag_and_what_they_applied(
+    http: httpx.AsyncClient, resource: str
+) -> None:
+    def projector_samples(text: str) -> dict[str, float]:
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.labels.get("projector") == "holding_periods"
+        }
+
+    before = projector_samples((await http.get("/metrics")).text)
+    await acquire(http, resource, "bot1")
+    for _ in range(600):  # a bound, not a timing: the runner polls every 100 ms, behind a busy log
+        after = projector_samples((await http.get("/metrics")).text)
+        if after.get("lockledger_projector_events_total", 0) > before.get(
+            "lockledger_projector_events_total", 0
+        ):
+            break
+        await asyncio.sleep(0.05)
+    assert after["lockledger_projector_events_total"] > before.get("lockledger_projector_events_total", 0)
+    assert after["lockledger_projector_delay_seconds_count"] >= 1
+    assert 0 <= after["lockledger_projector_lag_seconds"] < 60

@@ -115,6 +115,7 @@ ENDPOINTS: dict[
     "get": (Action.READ_STATE, lambda c, r, h: c.get(f"/v1/locks/{r}", headers=h)),
     "history": (Action.READ_HISTORY, lambda c, r, h: c.get(f"/v1/locks/{r}/history", headers=h)),
     "stats": (Action.READ_STATE, lambda c, r, h: c.get("/v1/stats", headers=h)),
+    "agent-stats": (Action.READ_STATE, lambda c, r, h: c.get("/v1/stats/agents", headers=h)),
     # The fleet at an instant and the changes around it are past lock state (the dashboard's slider);
     # an agent's timeline and the export are the history.
     "replay-state": (

@@ -45,6 +45,9 @@ EXPECTED_TABLES = {
     "saga_state",
     "outage_beacon",
     "event_archives",
+    "projector_checkpoints",
+    "holding_periods",
+    "agent_stats",
 }
 SCRATCH = "lockledger_schema_check"
 

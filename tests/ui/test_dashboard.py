@@ -213,7 +213,10 @@ async def test_a_lock_shows_within_a_second_leaves_on_release_and_the_slider_rep
     await expect(row).to_be_visible(timeout=WITHIN_A_SECOND_MS)
     await expect(row).to_contain_text("agv-17")
     await expect(row.locator("td").nth(2)).to_have_text(str(lease["fencing_token"]))
-    await expect(tab.page.locator('#agents li[data-owner="agv-17"]')).to_be_visible()
+    agent = tab.page.locator('#agents li[data-owner="agv-17"]')
+    await expect(agent).to_be_visible()
+    # The agent_stats projector's figures, polled every 2 s: this acquire counts as a hold.
+    await expect(agent).to_contain_text(re.compile(r"[1-9]\d* holds · mean .* · \d+ lapses"), timeout=8_000)
     await expect(tab.page.locator("#events li", has_text=resource).first).to_contain_text("LOCK_ACQUIRED")
 
     acquired_at = datetime.fromisoformat(lease["expires_at"]) - timedelta(milliseconds=lease["ttl_ms"])

@@ -1,7 +1,9 @@
-"""``GET /v1/stats`` over real HTTP: commands counted once by outcome, the live leases, the process id."""
+"""``GET /v1/stats`` over real HTTP: commands counted once by outcome, the live leases, the process id; and
+``GET /v1/stats/agents``: an agent's holds, ends and lapses from the agent_stats projector."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -78,3 +80,31 @@ async def test_the_dashboard_role_reads_stats_and_the_replay_but_not_the_history
         for path in ("/v1/events", "/v1/agents/a/history", f"/v1/locks/{unique_prefix}x/history"):
             assert (await client.get(path, headers=headers)).status_code == 403, path
         assert (await client.get("/v1/stats")).status_code == 401
+
+
+async def test_agent_stats_count_a_hold_and_its_end_within_the_projector_lag(
+    http: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    zone = f"{unique_prefix}dock"
+    agent = f"{unique_prefix}agv"
+    tokens = {}
+    for bay in ("b1", "b2"):
+        granted = await http.post(f"/v1/locks/{zone}:{bay}/acquire", json={"owner": agent, "ttl_ms": 60_000})
+        assert granted.status_code == 201, granted.text
+        tokens[bay] = granted.json()["fencing_token"]
+    released = await http.post(
+        f"/v1/locks/{zone}:b1/release", json={"owner": agent, "fencing_token": tokens["b1"]}
+    )
+    assert released.status_code == 200, released.text
+    expected = {"owner": agent, "holds": 2, "ended": 1, "lapses": 0}
+    for _ in range(100):  # the server's projector polls every 100 ms
+        page = (await http.get("/v1/stats/agents", params={"zone_prefix": zone})).json()
+        if page["items"] and {k: page["items"][0][k] for k in expected} == expected:
+            break
+        await asyncio.sleep(0.05)
+    assert len(page["items"]) == 1
+    assert {k: page["items"][0][k] for k in expected} == expected
+    assert page["items"][0]["mean_hold_ms"] >= 0
+    assert (await http.get("/v1/stats/agents", params={"zone_prefix": "no-such-zone"})).json() == {
+        "items": []
+    }

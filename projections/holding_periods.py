@@ -1,0 +1,114 @@
+"""holding_periods: the spans over which each lease was held, projected from the log, for replay.
+
+A row per grant (``LOCK_ACQUIRED`` or ``LOCK_RENEWED``): a lease is the rows of one ``(resource,
+fencing_token)``, one per deadline it had. A row's validity is ``[granted_at, least(expires_at,
+ended_at))``: from its grant until its deadline passes or the stream's next event (a renewal, release,
+expiry or force-release, ``ended_by``) is recorded, whichever comes first. The deadline passing ends the
+lease with no ``LOCK_EXPIRED`` recorded yet, as in the decider. At most one row of a stream is valid at
+any instant, and it is the one replay's log path finds (``projections/replay.py``): the newest grant whose
+span contains T, nothing recorded after it by T. So the leases live at T are one GiST scan for
+``valid @> T``, with the deadline as known at T and the lease's acquire (when, which saga step), as the
+log path returns them.
+
+Every row is a function of the log alone (the grant, the next event when committed, the lease's
+acquire), recomputed for the grants an event touches (its own, and the one before it in its stream):
+applying an event twice, or the events of two transactions in either order, leaves the same table.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Computed, Index, Table, Text
+from sqlalchemy.dialects.postgresql import TIMESTAMP, TSTZRANGE
+
+from domain.events import DEADLINE_FIELD, LOCK_ACQUIRED
+from eventstore.connection import Connection
+from eventstore.payloads import is_granting_sql, payload_field_sql
+from eventstore.schema import metadata
+from eventstore.tail import TailEvent
+from projections.projector import Projection, versions
+
+NAME = "holding_periods"
+VALIDITY = "tstzrange(granted_at, greatest(granted_at, least(expires_at, ended_at)))"
+
+holding_periods = Table(
+    NAME,
+    metadata,
+    Column("resource", Text, primary_key=True),
+    Column("grant_version", BigInteger, primary_key=True),  # the grant's stream version
+    Column("owner", Text, nullable=False),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("acquired_at", TIMESTAMP(timezone=True)),  # the lease's acquire, and its saga step
+    Column("saga_id", Text),
+    Column("saga_step", Text),
+    Column("granted_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("expires_at", TIMESTAMP(timezone=True), nullable=False),  # the deadline this grant set
+    Column("ended_at", TIMESTAMP(timezone=True)),  # the stream's next event, if any yet
+    Column("ended_by", Text),
+    Column("valid", TSTZRANGE, Computed(VALIDITY, persisted=True), nullable=False),
+    Index("holding_periods_valid_idx", "valid", postgresql_using="gist"),
+)
+
+# The rows of the grants at the (stream, version) pairs of a key set, made from the log: ``{keys}`` is a
+# query of (stream_id, version) pairs, ``{table}`` the table written (the live one or a rebuild's shadow).
+_UPSERT = f"""
+INSERT INTO {{table}} AS h (resource, grant_version, owner, fencing_token, acquired_at, saga_id, saga_step,
+                           granted_at, expires_at, ended_at, ended_by)
+SELECT g.stream_id, g.stream_version, g.data ->> 'owner', {payload_field_sql("g.data", "fencing_token")},
+       a.recorded_at, a.metadata ->> 'saga_id', a.metadata ->> 'saga_step',
+       g.recorded_at, {payload_field_sql("g.data", DEADLINE_FIELD)}, n.recorded_at, n.event_type
+  FROM ({{keys}}) AS k (stream_id, version)
+  JOIN events g ON g.stream_id = k.stream_id AND g.stream_version = k.version
+  LEFT JOIN LATERAL (  -- the acquire that began the lease, found as replay's log path finds it
+        SELECT a.recorded_at, a.metadata FROM events a
+         WHERE a.stream_id = g.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
+           AND (a.data ->> 'fencing_token')::bigint = {payload_field_sql("g.data", "fencing_token")}
+         LIMIT 1) AS a ON true
+  LEFT JOIN LATERAL (
+        SELECT n.recorded_at, n.event_type FROM events n
+         WHERE n.stream_id = g.stream_id AND n.stream_version = g.stream_version + 1) AS n ON true
+ WHERE {is_granting_sql("g.event_type")}
+    ON CONFLICT (resource, grant_version) DO UPDATE
+   SET ended_at = excluded.ended_at, ended_by = excluded.ended_by
+ WHERE h.ended_at IS DISTINCT FROM excluded.ended_at OR h.ended_by IS DISTINCT FROM excluded.ended_by
+"""
+
+# An event touches its own version (a grant's row) and the one before (whose row it ends).
+_TOUCHED = """SELECT DISTINCT s, v FROM unnest($1::text[], $2::bigint[]) AS e (s, w),
+                     LATERAL (VALUES (e.w), (e.w - 1)) AS t (v)"""
+# Every grant of transactions below $1, in one pass over the log: each stream's events in version order
+# give each grant its next event, and a hash join its lease's acquire (the same rows as _UPSERT's).
+_BUILD = f"""
+INSERT INTO {{table}} (resource, grant_version, owner, fencing_token, acquired_at, saga_id, saga_step,
+                      granted_at, expires_at, ended_at, ended_by)
+SELECT g.stream_id, g.stream_version, g.data ->> 'owner', g.fencing_token,
+       a.recorded_at, a.metadata ->> 'saga_id', a.metadata ->> 'saga_step',
+       g.recorded_at, {payload_field_sql("g.data", DEADLINE_FIELD)}, g.next_at, g.next_type
+  FROM (SELECT stream_id, stream_version, event_type, data, recorded_at, tx_id,
+               {payload_field_sql("data", "fencing_token")} AS fencing_token,
+               lead(recorded_at) OVER w AS next_at, lead(event_type) OVER w AS next_type
+          FROM events WINDOW w AS (PARTITION BY stream_id ORDER BY stream_version)) AS g
+  LEFT JOIN (SELECT DISTINCT ON (stream_id, fencing_token) stream_id, recorded_at, metadata,
+                    {payload_field_sql("data", "fencing_token")} AS fencing_token
+               FROM events WHERE event_type = '{LOCK_ACQUIRED}'
+              ORDER BY stream_id, fencing_token, stream_version) AS a USING (stream_id, fencing_token)
+ WHERE {is_granting_sql("g.event_type")} AND g.tx_id < $1::text::xid8
+"""
+
+
+async def apply(conn: Connection, table: str, keys: list[tuple[str, int]]) -> None:
+    """Make the rows the events at ``keys`` (stream, version) touch equal to what the log implies."""
+    if keys:
+        streams, versions = zip(*keys, strict=True)
+        await conn.execute(_UPSERT.format(table=table, keys=_TOUCHED), list(streams), list(versions))
+
+
+async def build(conn: Connection, table: str, below: int) -> None:
+    """Fill the empty ``table`` with the rows of every grant of a transaction below ``below``."""
+    await conn.execute(_BUILD.format(table=table), str(below))
+
+
+async def _apply_events(conn: Connection, table: str, events: list[TailEvent]) -> None:
+    await apply(conn, table, versions(events))
+
+
+HOLDING_PERIODS = Projection(NAME, _apply_events, build)
