@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
+from api.models import ReplayLease, ReplayState
+from api.replay import state_json
 from domain.access import Role
+from projections.replay import LiveLease, StateAt
 from tests.assertions import assert_problem
 from tests.servers import IssueToken, ServerProcess
 
@@ -203,3 +206,22 @@ async def test_the_last_instant_utc_writes_is_taken_where_the_future_is_allowed(
     future = await http.get("/v1/replay/state", params={"at": "9999-12-31T09:59:59.999999-14:00"})
     assert_problem(future, 422, "validation_error")  # in range, but the state of the future is unknown
     assert "outside years" not in future.json()["detail"]
+
+
+@pytest.mark.parametrize("acquired", [True, False], ids=["acquire in the log", "acquire archived"])
+def test_the_state_is_rendered_as_its_response_model_renders_it(acquired: bool) -> None:
+    at = datetime(2026, 5, 5, 14, 2, 7, 123456, tzinfo=UTC)
+    leases = [
+        LiveLease("zone:A3", "agv-7", 12, at - timedelta(minutes=5) if acquired else None, at, "s-1", "pick"),
+        LiveLease(
+            "zone:B1", "agv-8", 3, at - timedelta(seconds=1), at + timedelta(microseconds=10), None, None
+        ),
+    ]
+    found = StateAt(at, 99, leases, next_cursor="zone:B1")
+    model = ReplayState(
+        at=at,
+        position=99,
+        locks=[ReplayLease.model_validate(lease, from_attributes=True) for lease in leases],
+        next_cursor="zone:B1",
+    )
+    assert json.loads(state_json(found)) == json.loads(model.model_dump_json())
