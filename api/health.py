@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from api.problems import problem
 from api.request_checks import StrictRoute
+from domain.timestamps import format_timestamp
 from projections import queries
 from service.database_guard import NOT_PRIMARY
 from service.errors import Unavailable
@@ -95,7 +96,7 @@ def _projectors(request: Request) -> dict[str, dict[str, float | str | None]]:
     return {
         s.name: {
             "lag_seconds": None if s.lag_s is None else round(s.lag_s, 3),
-            "covered_until": s.covered_until,
+            "covered_until": None if s.covered_until is None else format_timestamp(s.covered_until),
         }
         for s in runner.status()
     }

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import asyncpg
 import structlog
@@ -48,7 +48,7 @@ class Status:
 
     name: str
     lag_s: float | None  # None: it has not caught up once since this process started
-    covered_until: str | None
+    covered_until: datetime | None  # replay may read its table for instants up to here
 
 
 class ProjectorRunner:
@@ -81,8 +81,7 @@ class ProjectorRunner:
             Status(
                 p.table,
                 p.lag_s(),
-                None if p.checkpoint is None or p.checkpoint.covered_until is None
-                else p.checkpoint.covered_until.isoformat(),
+                None if p.checkpoint is None else p.checkpoint.covered_until,
             )
             for p in self.projectors
         ]  # fmt: skip

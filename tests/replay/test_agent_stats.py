@@ -1,6 +1,6 @@
 """agent_stats kept by its projector equals a fold of the log written here, and a build from scratch.
 
-The histories are those of ``test_replay_fold.py``, each on resources of its own zone.
+The histories are those of ``histories.py``, each on resources of its own zone.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from eventstore.dburl import asyncpg_dsn
 from projections.agent_stats import AGENT_STATS
 from projections.projector import Projector, build
-from tests.replay.test_replay_fold import Logged, Step, steps, write_history
+from tests.replay.histories import Logged, Step, steps, write_history
 
 pytestmark = pytest.mark.storage
 

@@ -1,7 +1,7 @@
 """holding_periods kept by its projector equals the table built from the log at once, and re-applying
 events, in any order and any number of times, changes nothing.
 
-The histories are those of ``test_replay_fold.py`` (decided by the pure decider, appended with chosen
+The histories are those of ``histories.py`` (decided by the pure decider, appended with chosen
 instants), each on its own stretch of the past and its own resources.
 """
 
@@ -21,7 +21,7 @@ from eventstore.dburl import asyncpg_dsn
 from projections import checkpoints, holding_periods
 from projections.holding_periods import HOLDING_PERIODS
 from projections.projector import Projector, build
-from tests.replay.test_replay_fold import Step, steps, write_history
+from tests.replay.histories import Step, steps, write_history
 
 pytestmark = pytest.mark.storage
 

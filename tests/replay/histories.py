@@ -1,0 +1,79 @@
+"""Lock histories for replay's tests: hypothesis draws the steps, the pure decider decides them, and
+:func:`write_history` appends what it decided at the instants it chose (deadlines that pass between
+events included), as the owner of the schema may."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from hypothesis import strategies as st
+
+from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
+from domain.decider import decide, evolve
+from domain.errors import DomainError
+from domain.events import event_payload, stamp
+from domain.state import LockState, initial_state
+from eventstore.connection import Connection
+
+Step = tuple[int, int, str, int, int]  # gap ms, resource, command, owner, ttl ms
+steps = st.lists(
+    st.tuples(
+        st.integers(0, 3_000),
+        st.integers(0, 2),
+        st.sampled_from(["acquire", "renew", "release", "expire", "force"]),
+        st.integers(0, 2),
+        st.sampled_from([200, 1_000, 2_500]),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@dataclass
+class Logged:
+    position: int
+    resource: str
+    version: int
+    type: str
+    data: dict[str, object]
+    recorded_at: datetime
+
+
+def _command(kind: str, resource: str, owner: str, ttl_ms: int, state: LockState) -> Command:
+    if kind == "acquire":
+        return Acquire(resource, owner, ttl_ms)
+    if kind == "renew":
+        return Renew(resource, state.owner or owner, state.fencing_token, ttl_ms)
+    if kind == "release":
+        return Release(resource, state.owner or owner, state.fencing_token)
+    if kind == "expire":
+        return Expire(resource)
+    return ForceRelease(resource, "hypothesis")
+
+
+async def write_history(conn: Connection, prefix: str, start: datetime, story: list[Step]) -> list[Logged]:
+    states = {i: initial_state(f"{prefix}r{i}") for i in range(3)}
+    now = start
+    logged: list[Logged] = []
+    for gap_ms, index, kind, owner, ttl_ms in story:
+        now += timedelta(milliseconds=gap_ms, microseconds=1)
+        state = states[index]
+        try:
+            events = stamp(
+                decide(state, _command(kind, state.resource, f"agv-{owner}", ttl_ms, state), now), now
+            )
+        except DomainError:
+            continue
+        for event in events:
+            state = evolve(state, event)
+            data = event_payload(event)
+            position = await conn.fetchval(
+                """INSERT INTO events (stream_id, stream_version, event_type, data, recorded_at)
+                   VALUES ($1, $2, $3, $4::jsonb, $5) RETURNING position""",
+                state.resource, state.version, event.type, json.dumps(data), now,
+            )  # fmt: skip
+            logged.append(Logged(position, state.resource, state.version, event.type, data, now))
+        states[index] = state
+    return logged
