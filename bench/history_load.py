@@ -445,13 +445,17 @@ async def load_history(
         for row in constraints:
             await conn.execute(f'ALTER TABLE events ADD CONSTRAINT "{row["name"]}" {row["definition"]}')
         for row in indexes:
-            await conn.execute(row["definition"])
+            # pg_get_indexdef names a partitioned index "ON ONLY events": made so, it would cover no
+            # partition. Made on the table, it is built on every partition, as the migrations make it.
+            await conn.execute(row["definition"].replace(" ON ONLY ", " ON ", 1))
         await conn.execute(_HEADS_SQL)
         indexed = time.perf_counter()
         lock_state_rows = await rebuild_lock_state(conn)
         rebuilt = time.perf_counter()
         # Nothing else writes to this database, so the last position is below every later event.
         last = await conn.fetchval("SELECT max(position) FROM events")
+        # Statistics before the projections' joins (autovacuum never analyzes a partitioned table).
+        await conn.execute("ANALYZE events")
         for projection in (HOLDING_PERIODS, AGENT_STATS):
             await build(conn, projection, floor=last)
         projected = time.perf_counter()

@@ -33,6 +33,9 @@ async def rebuild_projection(conn: Connection, projection: Projection, *, page: 
     live, shadow = projection.name, projection.name + SHADOW_SUFFIX
     await conn.execute(f"DROP TABLE IF EXISTS {shadow}")
     await conn.execute(f"CREATE TABLE {shadow} (LIKE {live} INCLUDING ALL)")
+    # The build joins events to itself across partitions, planned with the parent's statistics, which
+    # autovacuum never gathers for a partitioned table (a non-owner's ANALYZE only warns and skips).
+    await conn.execute("ANALYZE events")
     await build(conn, projection, shadow)
     projector = Projector(projection, table=shadow, page=page)
     while True:

@@ -225,6 +225,11 @@ async def test_the_history_lies_in_monthly_partitions(loaded: tuple[str, LoadRep
             "SELECT count(*) FROM stream_heads h JOIN events e"
             " ON (e.stream_id, e.stream_version, e.hash) = (h.stream_id, h.version, h.hash)"
         )
+        # An index made on the parent only ("ON ONLY") stays invalid and covers no partition.
+        invalid = await conn.fetch(
+            "SELECT indexrelid::regclass::text AS name FROM pg_index"
+            " WHERE indrelid = 'events'::regclass AND NOT indisvalid"
+        )
     finally:
         await conn.close()
     names = [row["name"] for row in by_partition]
@@ -233,6 +238,7 @@ async def test_the_history_lies_in_monthly_partitions(loaded: tuple[str, LoadRep
     assert all(name.startswith("events_p") and name.endswith("01") for name in names[1:])
     assert sum(row["n"] for row in by_partition) == report.events
     assert heads == report.streams
+    assert [row["name"] for row in invalid] == []
 
 
 async def test_holding_periods_are_what_their_projector_makes_of_the_log(
