@@ -30,6 +30,7 @@ import re
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -62,6 +63,15 @@ SELECT position, tx_id::text::bigint AS tx, stream_id, event_type, data ->> 'own
    AND ($7::text IS NULL OR stream_id = 'saga/' || $7 OR metadata ->> 'saga_id' = $7)
  ORDER BY position
  LIMIT $8
+"""
+
+# The same window, unfiltered, with only what a projector keys on: no export line to build and parse.
+KEYS_SQL = """
+SELECT position, stream_id, stream_version, recorded_at
+  FROM events
+ WHERE position > $1 AND tx_id >= $2::text::xid8 AND tx_id < $3::text::xid8
+ ORDER BY position
+ LIMIT $4
 """
 
 CURSOR_PATTERN = r"^\d{1,19}(\.\d{1,19}\.\d{1,19})?$"
@@ -149,6 +159,24 @@ async def read_page(
         WINDOW_SQL, after, str(lo), str(hi), flt.prefix, flt.owner, flt.type, flt.saga, page
     )
     return [_event(row) for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class EventKey:
+    """An event as a projector reads it: where it is in the log and in its stream, and when."""
+
+    position: int
+    stream: str
+    version: int
+    recorded_at: datetime
+
+
+async def read_keys(conn: Connection, lo: int, hi: int, *, after: int, page: int = 500) -> list[EventKey]:
+    """:func:`read_page`'s events, unfiltered, as :class:`EventKey`."""
+    if lo >= hi:
+        return []
+    rows = await conn.fetch(KEYS_SQL, after, str(lo), str(hi), page)
+    return [EventKey(r["position"], r["stream_id"], r["stream_version"], r["recorded_at"]) for r in rows]
 
 
 async def read_range(

@@ -22,7 +22,7 @@ from domain.events import DEADLINE_FIELD, LOCK_ACQUIRED, LOCK_EXPIRED, LOCK_FORC
 from eventstore.connection import Connection
 from eventstore.payloads import payload_field_sql
 from eventstore.schema import metadata
-from eventstore.tail import TailEvent
+from eventstore.tail import EventKey
 from projections.projector import Projection, versions
 
 NAME = "agent_stats"
@@ -68,7 +68,7 @@ _KEYED = """SELECT ev.* FROM unnest($1::text[], $2::bigint[]) AS k (s, v)
 _BELOW = "SELECT * FROM events WHERE tx_id < $1::text::xid8"
 
 
-async def _apply(conn: Connection, table: str, events: list[TailEvent]) -> None:
+async def _apply(conn: Connection, table: str, events: list[EventKey]) -> None:
     keys = versions(events)
     if keys:
         streams, numbers = zip(*keys, strict=True)

@@ -24,7 +24,7 @@ from domain.events import DEADLINE_FIELD, LOCK_ACQUIRED
 from eventstore.connection import Connection
 from eventstore.payloads import is_granting_sql, payload_field_sql
 from eventstore.schema import metadata
-from eventstore.tail import TailEvent
+from eventstore.tail import EventKey
 from projections.projector import Projection, versions
 
 NAME = "holding_periods"
@@ -107,7 +107,7 @@ async def build(conn: Connection, table: str, below: int) -> None:
     await conn.execute(_BUILD.format(table=table), str(below))
 
 
-async def _apply_events(conn: Connection, table: str, events: list[TailEvent]) -> None:
+async def _apply_events(conn: Connection, table: str, events: list[EventKey]) -> None:
     await apply(conn, table, versions(events))
 
 

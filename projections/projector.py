@@ -15,7 +15,6 @@ reaching past ``V`` is applied, so is every such event.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from eventstore.connection import Connection
-from eventstore.tail import Tail, TailEvent, read_page
+from eventstore.tail import EventKey, Tail, read_keys
 from projections import checkpoints
 from projections.checkpoints import Checkpoint
 
@@ -38,7 +37,7 @@ class Projection:
     table of that shape, and how such a table is built from every transaction below an xmin."""
 
     name: str
-    apply: Callable[[Connection, str, list[TailEvent]], Awaitable[None]]
+    apply: Callable[[Connection, str, list[EventKey]], Awaitable[None]]
     build: Callable[[Connection, str, int], Awaitable[None]]
 
 
@@ -103,7 +102,7 @@ class Projector:
             self._marks.append(mark)
             self._opened_at = time.monotonic()
             hi, after = window.hi, max(after, self._tail.floor(lo))
-        events = await read_page(conn, lo, hi, after=after, page=self._page)
+        events = await read_keys(conn, lo, hi, after=after, page=self._page)
         done = len(events) < self._page
         new = Checkpoint(
             self.table,
@@ -162,11 +161,10 @@ async def build(
     return built
 
 
-def _delays(events: list[TailEvent], applied_at: datetime) -> list[float]:
-    recorded = (datetime.fromisoformat(json.loads(e.line)["recorded_at"]) for e in events)
-    return [(applied_at - at).total_seconds() for at in recorded]
+def _delays(events: list[EventKey], applied_at: datetime) -> list[float]:
+    return [(applied_at - e.recorded_at).total_seconds() for e in events]
 
 
-def versions(events: list[TailEvent]) -> list[tuple[str, int]]:
-    """The (stream, version) of each event, from its export line."""
-    return [(e.stream, int(json.loads(e.line)["version"])) for e in events]
+def versions(events: list[EventKey]) -> list[tuple[str, int]]:
+    """The (stream, version) of each event."""
+    return [(e.stream, e.version) for e in events]
