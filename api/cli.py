@@ -336,6 +336,15 @@ async def _archive_sources(
     return [ArchiveSource(directory / r.file_name, r.content_sha256) for r in archived], 0
 
 
+async def _all_archive_sources(conn: asyncpg.Connection, directory: Path | None) -> list[ArchiveSource]:
+    """Every archive file, for a digest, which must count every event: exit 2 when they are not given."""
+    sources, left_out = await _archive_sources(conn, directory)
+    if left_out:
+        console.print(f"[red]{left_out} partition(s) of the log are archived: pass --archives DIR[/red]")
+        raise typer.Exit(2)
+    return sources
+
+
 @app.command()
 def verify(
     digest: Annotated[
@@ -405,10 +414,7 @@ def _verify_digest(
     url, _ = resolve_database(database_url, data_dir)
 
     async def work(conn: asyncpg.Connection) -> Any:
-        sources, left_out = await _archive_sources(conn, archives)
-        if left_out:
-            console.print(f"[red]{left_out} partition(s) of the log are archived: pass --archives DIR[/red]")
-            raise typer.Exit(2)
+        sources = await _all_archive_sources(conn, archives)
         return await verify_digest(
             conn, expected, progress=lambda n: console.print(f"  {n:,} events verified"), archives=sources
         )
@@ -452,10 +458,7 @@ def audit_digest(
     url, _ = resolve_database(database_url, data_dir)
 
     async def work(conn: asyncpg.Connection) -> Any:
-        sources, left_out = await _archive_sources(conn, archives)
-        if left_out:
-            console.print(f"[red]{left_out} partition(s) of the log are archived: pass --archives DIR[/red]")
-            raise typer.Exit(2)
+        sources = await _all_archive_sources(conn, archives)
         return await compute_digest(
             conn, position, progress=lambda n: console.print(f"  {n:,} stream heads hashed"), archives=sources
         )

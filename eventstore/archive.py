@@ -24,7 +24,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from eventstore.archive_file import ArchivedEvent, ArchiveHeader, ArchiveReader, ArchiveTrailer, ArchiveWriter
+from eventstore.archive_file import (
+    COLUMNS,
+    ArchivedEvent,
+    ArchiveHeader,
+    ArchiveReader,
+    ArchiveTrailer,
+    ArchiveWriter,
+)
 from eventstore.connection import Connection
 
 MIGRATOR_ROLE = "lockledger_migrator"
@@ -245,7 +252,7 @@ async def restore_archive(
                 await conn.copy_records_to_table(
                     header.partition,
                     records=[_record(event) for event in batch],
-                    columns=list(_COPY_COLUMNS),
+                    columns=list(COLUMNS),
                 )
                 copied += len(batch)
                 if progress is not None:
@@ -272,33 +279,11 @@ async def restore_archive(
 
 
 _STATEMENT_TRIGGERS = (("events_append_only", "UPDATE OR DELETE"), ("events_no_truncate", "TRUNCATE"))
-_COPY_COLUMNS = (
-    "position",
-    "stream_id",
-    "stream_version",
-    "event_id",
-    "event_type",
-    "data",
-    "metadata",
-    "recorded_at",
-    "tx_id",
-    "hash",
-)
 
 
 def _record(event: ArchivedEvent) -> tuple[Any, ...]:
-    return (
-        event.position,
-        event.stream_id,
-        event.stream_version,
-        event.event_id,
-        event.event_type,
-        event.data,
-        event.metadata,
-        event.recorded_at,
-        event.tx_id,
-        event.hash,
-    )
+    """The event as a row of ``events``, in the file's column order."""
+    return tuple(getattr(event, column) for column in COLUMNS)
 
 
 def _next_batch(events: Any) -> list[ArchivedEvent]:
