@@ -51,9 +51,17 @@ def _day(text: str) -> datetime:
 
 
 async def _as_migrator(conn: asyncpg.Connection) -> None:
-    from eventstore.archive import MIGRATOR_ROLE
+    import asyncpg
 
-    await conn.execute(f"SET ROLE {MIGRATOR_ROLE}")
+    from eventstore.archive import MIGRATOR_ROLE, ArchiveError
+
+    try:
+        await conn.execute(f"SET ROLE {MIGRATOR_ROLE}")
+    except asyncpg.InsufficientPrivilegeError:
+        raise ArchiveError(
+            f"the database user cannot SET ROLE {MIGRATOR_ROLE}: archive and restore run as the role that"
+            " owns the partitions; use the user that ran `lockledger migrate`"
+        ) from None
 
 
 def _describe(record: ArchiveRecord) -> str:

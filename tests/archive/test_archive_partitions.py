@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -264,3 +266,27 @@ async def test_a_server_with_retention_archives_on_its_own(url: str, tmp_path: P
             metrics = (await http.get("/metrics")).text
         assert "lockledger_partitions_archived_total 1.0" in metrics
         assert f"lockledger_events_archived_total {float(sum(STREAMS.values()))}" in metrics
+
+
+def test_a_user_who_cannot_become_the_migrator_is_told_so(url: str, tmp_path: Path) -> None:
+    name = f"ll_nobody_{uuid.uuid4().hex[:8]}"
+
+    async def admin(sql: str) -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:
+            return await conn.fetch(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f"CREATE ROLE {name} LOGIN"))
+    try:
+        stranger = re.sub(r"//[^@/]*@", f"//{name}@", url, count=1)
+        refused = CliRunner().invoke(
+            cli, ["archive", "--before", "2020-02-01", "--dir", str(tmp_path), "--database-url", stranger]
+        )
+        assert refused.exit_code == 1, refused.output
+        assert f"cannot SET ROLE {MIGRATOR_ROLE}" in refused.output
+        kept = asyncio.run(admin(f"SELECT 1 FROM pg_class WHERE relname = '{OLD}'"))
+        assert len(kept) == 1
+    finally:
+        asyncio.run(admin(f"DROP ROLE IF EXISTS {name}"))
