@@ -35,8 +35,9 @@ import shlex
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -227,9 +228,27 @@ async def _states_from_the_log(
     the projection's checkpoint covering nothing."""
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
+        covered = await conn.fetch("SELECT name, covered_until FROM projector_checkpoints")
         await conn.execute("UPDATE projector_checkpoints SET covered_until = NULL")
     finally:
         await conn.close()
+    try:
+        return await _states_through(url, options, token, picks)
+    finally:  # the database as it was: a kept history serves the next run from its projection again
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:
+            await conn.executemany(
+                "UPDATE projector_checkpoints SET covered_until = $2 WHERE name = $1",
+                [tuple(row.values()) for row in covered],
+            )
+        finally:
+            await conn.close()
+
+
+async def _states_through(
+    url: str, options: argparse.Namespace, token: str, picks: list[asyncpg.Record]
+) -> dict[str, Any]:
+    """``_states`` through a server whose projectors are off."""
     env = {"LOCKLEDGER_PROJECTORS_ENABLED": "false"}
     server = LockledgerServer(url, options.server_workers, env=env, log_level="warning")
     await asyncio.to_thread(server.start)
@@ -361,7 +380,7 @@ def figures(record: dict[str, Any]) -> dict[str, float | None]:
         return None if peak is None or before is None else round(peak - before, 1)
 
     return {
-        "load_events_per_s": record["load"]["events_per_s"],
+        "load_events_per_s": record["load"]["events_per_s"] if record["load"] else None,
         "state_p50_ms": record["state"]["p50_ms"],
         "state_p95_ms": record["state"]["p95_ms"],
         "state_first_page_p95_ms": record["state"]["first_page"]["p95_ms"],
@@ -469,8 +488,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-workers", type=positive_int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--database-url", help="a PostgreSQL server (a superuser): a fresh database per N")
+    p.add_argument(
+        "--keep", action="store_true", help="keep each loaded database on --database-url, for --loaded"
+    )
+    p.add_argument(
+        "--loaded",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="measure a database loaded by an earlier run (--keep) as it is, instead of loading; repeatable",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON lines (default: bench/results/history-*)")
-    return p.parse_args(argv)
+    options = p.parse_args(argv)
+    if options.keep and not options.database_url:
+        p.error("--keep needs --database-url: the embedded server goes with its run")
+    return options
 
 
 def load(url: str, shape: HistoryShape, console: Console) -> LoadReport:
@@ -496,6 +528,25 @@ def load(url: str, shape: HistoryShape, console: Console) -> LoadReport:
     return report
 
 
+def run_loaded(url: str, options: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """Measure the history an earlier run loaded and kept at ``url``: the ``history`` record."""
+    started = time.perf_counter()
+    events = run_async(lambda: _events_in(url))
+    console.print(f"[bold]{events:,} events[/bold]: loaded before, at {url}")
+    measured = run_async(lambda: measure(url, events, options, console))
+    return {"kind": "history", "events": events, "load": None, **measured,
+            "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+
+
+async def _events_in(url: str) -> int:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        events: int = await conn.fetchval("SELECT count(*) FROM events")
+    finally:
+        await conn.close()
+    return events
+
+
 def run_one(url: str, events: int, options: argparse.Namespace, console: Console) -> dict[str, Any]:
     """Load N events into the fresh database at ``url`` and measure: the ``history`` record."""
     shape = HistoryShape(events=events, agents=options.agents, resources=options.resources, seed=options.seed)
@@ -512,36 +563,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = JsonLines(options.out or default_path("history-", RESULTS_DIR))
     records: list[dict[str, Any]] = []
     failed = False
-    for n in options.events:
-        console.print(f"[bold]{n:,} events[/bold]: a fresh database")
-        db = provision(options.database_url)
-        try:
-            if not records:
-                out.write(_environment(db.info, options))
-            try:
-                record = run_one(db.url, n, options, console)
-            except RequestFailed as error:
-                console.print(f"[red]{error}[/red]")
+    for record in _runs(options, console, out):
+        if record is None:
+            failed = True
+            continue
+        records.append(record)
+        out.write(record)
+        console.print(f"  {record['events']:,} events done in {record['seconds']:.0f} s", highlight=False)
+        for kind in MEASURED:
+            if errors := record[kind]["errors"]:
                 failed = True
-                continue
-            records.append(record)
-            out.write(record)
-            console.print(f"  {n:,} events done in {record['seconds']:.0f} s", highlight=False)
-            for kind in MEASURED:
-                if errors := record[kind]["errors"]:
-                    failed = True
-                    first = record[kind]["error"]
-                    console.print(
-                        f"  [red]{kind}: {errors} failed[/red], the first: {first}", highlight=False
-                    )
-        finally:
-            db.close()
+                first = record[kind]["error"]
+                console.print(f"  [red]{kind}: {errors} failed[/red], the first: {first}", highlight=False)
     if records:
         total = summary(records)
         out.write(total)
         print_report(console, records, total)
     console.print(f"results: {out.path}")
     return 1 if failed else 0
+
+
+def _runs(options: argparse.Namespace, console: Console, out: JsonLines) -> Iterator[dict[str, Any] | None]:
+    """Each N's ``history`` record (None: its measuring failed), the environment record written first:
+    the databases named by ``--loaded`` as they are, or else a fresh database per N, loaded."""
+    for index, url in enumerate(options.loaded):
+        if index == 0:
+            out.write(_environment(run_async(partial(inspect_server, url))[1], options))
+        yield _measured(partial(run_loaded, url, options, console), console)
+    for index, n in enumerate([] if options.loaded else options.events):
+        console.print(f"[bold]{n:,} events[/bold]: a fresh database")
+        db = provision(options.database_url)
+        try:
+            if index == 0:
+                out.write(_environment(db.info, options))
+            yield _measured(partial(run_one, db.url, n, options, console), console)
+        finally:
+            if options.keep:
+                console.print(f"  kept: --loaded {db.url}", highlight=False)
+            else:
+                db.close()
+
+
+def _measured(run: Callable[[], dict[str, Any]], console: Console) -> dict[str, Any] | None:
+    try:
+        return run()
+    except RequestFailed as error:
+        console.print(f"[red]{error}[/red]")
+        return None
 
 
 def _environment(info: dict[str, Any], options: argparse.Namespace) -> dict[str, Any]:

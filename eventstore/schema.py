@@ -69,7 +69,7 @@ events = Table(
     PrimaryKeyConstraint("position", "recorded_at", name="events_pkey"),
     UniqueConstraint("event_id", "recorded_at", name="events_event_id_key"),
     Index("events_stream_version_idx", "stream_id", "stream_version"),
-    Index("events_recorded_at_idx", "recorded_at"),
+    Index("events_recorded_at_idx", "recorded_at", postgresql_include=["position"]),
     # Replay (projections/replay.py): the span each grant keeps its lease for, unless ended sooner; one
     # agent's events; the acquire that began a lease. event_deadline() is the migration's (0005).
     Index(

@@ -77,6 +77,8 @@ _TOUCHED = """SELECT DISTINCT s, v FROM unnest($1::text[], $2::bigint[]) AS e (s
                      LATERAL (VALUES (e.w), (e.w - 1)) AS t (v)"""
 # Every grant of transactions below $1, in one pass over the log: each stream's events in version order
 # give each grant its next event, and a hash join its lease's acquire (the same rows as _UPSERT's).
+# Written in time order, as the projector writes them, so the leases live at an instant share a few
+# pages: the fleet at T reads hundreds of pages, not one per lease.
 _BUILD = f"""
 INSERT INTO {{table}} (resource, grant_version, owner, fencing_token, acquired_at, saga_id, saga_step,
                       granted_at, expires_at, ended_at, ended_by)
@@ -92,6 +94,7 @@ SELECT g.stream_id, g.stream_version, g.data ->> 'owner', g.fencing_token,
                FROM events WHERE event_type = '{LOCK_ACQUIRED}'
               ORDER BY stream_id, fencing_token, stream_version) AS a USING (stream_id, fencing_token)
  WHERE {is_granting_sql("g.event_type")} AND g.tx_id < $1::text::xid8
+ ORDER BY g.recorded_at
 """
 
 

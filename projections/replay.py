@@ -51,22 +51,42 @@ def _filters(alias: str, prefix: str, owner: str) -> str:
        AND ({owner}::text IS NULL OR {alias}.data ->> 'owner' = {owner})"""
 
 
-# The leases live at $1, with the clock (a future instant is refused) and the position of the last event
-# recorded at or before $1, in one statement and so one snapshot (a row of nulls when no lease is live).
-# Of a stream's grants whose span contains $1 only the newest can be the live one (renewals overlap), so
-# only it is checked for a later event.
+# The answer at $1 in one statement, and so one snapshot: the clock (a future instant is refused), the
+# position of the last event recorded at or before $1, and a page of the leases live at $1 after the
+# cursor $4, as the API's JSON array (rendered here: a whole fleet is thousands of leases), with the
+# resource to resume after when there are more than $5.
 # Positions are drawn in the statement that reads the clock for recorded_at, so the newest position at
-# or before T is among the events of the last minute before T, if there are any.
-_HEAD = """
-SELECT head.db_now, head.position, live.*
+# or before T is among the events of the last minute before T, if there are any (an index-only scan:
+# the time index carries the position).
+_LEASE_JSON = f"""json_build_object(
+    'resource', l.resource, 'owner', l.owner, 'fencing_token', l.fencing_token,
+    'acquired_at', {timestamp_text_sql("l.acquired_at")}, 'expires_at', {timestamp_text_sql("l.expires_at")},
+    'saga_id', l.saga_id, 'saga_step', l.saga_step)"""
+
+
+def _answer(live: str) -> str:
+    """SQL of the answer whose leases are ``live``: a query of the leases by resource, LIMIT $5 + 1."""
+    return f"""
+SELECT head.db_now, head.position, page.locks, page.next_cursor
   FROM (SELECT clock_timestamp() AS db_now, coalesce(
                (SELECT max(position + 0) FROM events  -- + 0: found by time, not by scanning positions
                  WHERE recorded_at > $1::timestamptz - interval '1 minute' AND recorded_at <= $1),
                (SELECT position FROM events WHERE recorded_at <= $1
                  ORDER BY recorded_at DESC, position DESC LIMIT 1),
-               0) AS position) AS head"""
-STATE_SQL = f"""{_HEAD}
-  LEFT JOIN (
+               0) AS position) AS head
+ CROSS JOIN (
+    SELECT coalesce(json_agg(p.lease ORDER BY p.n) FILTER (WHERE p.n <= $5), '[]')::text AS locks,
+           max(p.resource) FILTER (WHERE p.n = $5 AND p.more) AS next_cursor
+      FROM (SELECT l.resource, {_LEASE_JSON} AS lease,
+                   row_number() OVER (ORDER BY l.resource) AS n, count(*) OVER () > $5 AS more
+              FROM ({live}) AS l) AS p
+ ) AS page
+"""
+
+
+# From the log: of a stream's grants whose span contains $1 only the newest can be the live one
+# (renewals overlap), so only it is checked for a later event.
+STATE_SQL = _answer(f"""
     SELECT g.stream_id AS resource, g.owner, g.fencing_token, g.expires_at, a.recorded_at AS acquired_at,
            a.metadata ->> 'saga_id' AS saga_id, a.metadata ->> 'saga_step' AS saga_step
       FROM (SELECT DISTINCT ON (c.stream_id) c.stream_id, c.stream_version, c.event_type, c.recorded_at,
@@ -84,24 +104,17 @@ STATE_SQL = f"""{_HEAD}
              LIMIT 1) AS a ON true
      WHERE {_no_event_after("g", "$1")}
      ORDER BY g.stream_id
-     LIMIT $5
-  ) AS live ON true
- ORDER BY live.resource
-"""
+     LIMIT $5 + 1""")
 # The same answer from holding_periods, for an instant its projector has covered: the one row of each
 # stream valid at $1 (projections/holding_periods.py), one GiST scan.
-HELD_AT_SQL = f"""{_HEAD}
-  LEFT JOIN (
+HELD_AT_SQL = _answer(f"""
     SELECT h.resource, h.owner, h.fencing_token, h.expires_at, h.acquired_at, h.saga_id, h.saga_step
       FROM {HOLDING_PERIODS.name} h
      WHERE h.valid @> $1::timestamptz
        AND ($2::text IS NULL OR starts_with(h.resource, $2)) AND ($3::text IS NULL OR h.owner = $3)
        AND ($4::text IS NULL OR h.resource > $4)
      ORDER BY h.resource
-     LIMIT $5
-  ) AS live ON true
- ORDER BY live.resource
-"""
+     LIMIT $5 + 1""")
 COVERED_SQL = "SELECT covered_until FROM projector_checkpoints WHERE name = $1"
 LOG, PROJECTION = "log", HOLDING_PERIODS.name
 
@@ -121,9 +134,27 @@ class LiveLease:
 class StateAt:
     at: datetime
     position: int  # the last event recorded at or before ``at`` (0: none)
-    locks: list[LiveLease]
+    locks_json: str  # the page's leases, a JSON array as the API answers them (LiveLease's fields)
     next_cursor: str | None
     source: str = LOG  # what answered: the log, or holding_periods (PROJECTION)
+
+    @property
+    def locks(self) -> list[LiveLease]:
+        """The page's leases, parsed."""
+        return [_live_lease(lease) for lease in json.loads(self.locks_json)]
+
+
+def _live_lease(lease: dict[str, Any]) -> LiveLease:
+    acquired_at = lease["acquired_at"]
+    return LiveLease(
+        lease["resource"],
+        lease["owner"],
+        lease["fencing_token"],
+        None if acquired_at is None else datetime.fromisoformat(acquired_at),
+        datetime.fromisoformat(lease["expires_at"]),
+        lease["saga_id"],
+        lease["saga_step"],
+    )
 
 
 class FutureInstant(ValueError):
@@ -146,29 +177,15 @@ async def state_at(
     covered = await conn.fetchval(COVERED_SQL, HOLDING_PERIODS.name) if use_projection else None
     source = PROJECTION if covered is not None and at <= covered else LOG
     sql = HELD_AT_SQL if source == PROJECTION else STATE_SQL
-    rows = await conn.fetch(sql, at, prefix, owner, cursor, limit + 1)
-    head = rows[0]
-    if at > head["db_now"]:
+    answer = await conn.fetchrow(sql, at, prefix, owner, cursor, limit)
+    assert answer is not None  # one row, always
+    if at > answer["db_now"]:
         raise FutureInstant(
             f"{format_timestamp(at)} is in the future"
-            f" (the database clock reads {format_timestamp(head['db_now'])});"
+            f" (the database clock reads {format_timestamp(answer['db_now'])});"
             " replay answers for past instants"
         )
-    live = [row for row in rows if row["resource"] is not None]
-    locks = [
-        LiveLease(
-            r["resource"],
-            r["owner"],
-            r["fencing_token"],
-            r["acquired_at"],
-            r["expires_at"],
-            r["saga_id"],
-            r["saga_step"],
-        )
-        for r in live[:limit]
-    ]
-    next_cursor = locks[-1].resource if len(live) > limit else None
-    return StateAt(at, head["position"], locks, next_cursor, source)
+    return StateAt(at, answer["position"], answer["locks"], answer["next_cursor"], source)
 
 
 # Events recorded in ($1, $2], and the leases whose deadline passed in ($1, $2] with nothing recorded for

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -208,20 +209,34 @@ async def test_the_last_instant_utc_writes_is_taken_where_the_future_is_allowed(
     assert "outside years" not in future.json()["detail"]
 
 
-@pytest.mark.parametrize("acquired", [True, False], ids=["acquire in the log", "acquire archived"])
-def test_the_state_is_rendered_as_its_response_model_renders_it(acquired: bool) -> None:
+async def test_the_state_is_rendered_as_its_response_model_renders_it(
+    http: httpx.AsyncClient, admin_pool: asyncpg.Pool, unique_prefix: str
+) -> None:
+    await http.post(
+        f"/v1/locks/{unique_prefix}zone:A3/acquire",
+        json={"owner": "agv-7", "ttl_ms": 30_000},
+        headers={"X-Saga-ID": "s-1", "X-Saga-Step": "pick"},
+    )
+    for zone in ("B1", "B2"):
+        await _acquire(http, f"{unique_prefix}zone:{zone}", "agv-8")
+    at = await _db_now(admin_pool)
+    answer = await http.get(
+        "/v1/replay/state", params={"at": at.isoformat(), "prefix": unique_prefix, "limit": 2}
+    )
+    assert answer.status_code == 200, answer.text
+    model = ReplayState.model_validate_json(answer.content)
+    assert answer.json() == json.loads(model.model_dump_json())
+    assert [(lease.saga_id, lease.saga_step) for lease in model.locks] == [("s-1", "pick"), (None, None)]
+    assert model.next_cursor == f"{unique_prefix}zone:B1"
+
+
+def test_a_lease_whose_acquire_is_archived_is_rendered_as_the_model_renders_it() -> None:
     at = datetime(2026, 5, 5, 14, 2, 7, 123456, tzinfo=UTC)
-    leases = [
-        LiveLease("zone:A3", "agv-7", 12, at - timedelta(minutes=5) if acquired else None, at, "s-1", "pick"),
-        LiveLease(
-            "zone:B1", "agv-8", 3, at - timedelta(seconds=1), at + timedelta(microseconds=10), None, None
-        ),
-    ]
-    found = StateAt(at, 99, leases, next_cursor="zone:B1")
+    lease = LiveLease("zone:A3", "agv-7", 12, None, at + timedelta(microseconds=10), "s-1", "pick")
+    locks = json.dumps([{**asdict(lease), "expires_at": "2026-05-05T14:02:07.123466Z"}])
+    found = StateAt(at, 99, locks, next_cursor=None)
     model = ReplayState(
-        at=at,
-        position=99,
-        locks=[ReplayLease.model_validate(lease, from_attributes=True) for lease in leases],
-        next_cursor="zone:B1",
+        at=at, position=99, locks=[ReplayLease.model_validate(lease, from_attributes=True)], next_cursor=None
     )
     assert json.loads(state_json(found)) == json.loads(model.model_dump_json())
+    assert found.locks == [lease]
