@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from api.models import Owner, Timestamp, WholeNumber
 from domain.reservation import MAX_RESOURCES, RESERVATION_ID_MAX_LENGTH, RESERVATION_ID_PATTERN
@@ -24,6 +24,13 @@ ReservationId = Annotated[
 ]
 
 
+def _each_once(resources: list[str]) -> list[str]:
+    """A set has each resource once (the schema says ``uniqueItems``)."""
+    if len(set(resources)) != len(resources):
+        raise ValueError("each resource may be named once")
+    return resources
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -35,9 +42,10 @@ class LeaseRef(_Body):
 
 class ReserveRequest(_Body):
     owner: str | None = Owner
-    resources: list[ResourceName] = Field(
+    resources: Annotated[list[ResourceName], AfterValidator(_each_once)] = Field(
         min_length=1,
         max_length=MAX_RESOURCES,
+        json_schema_extra={"uniqueItems": True},
         description="Every resource to take, all or none; each at most once. Answered in this order.",
     )
     reservation_id: ReservationId | None = Field(

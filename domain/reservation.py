@@ -20,7 +20,7 @@ from datetime import datetime
 
 from domain.commands import Acquire, Release, Renew
 from domain.decider import DEFAULT_BOUNDS, decide
-from domain.errors import InvalidCommand, LockHeld
+from domain.errors import InvalidCommand, LockHeld, NotHolder
 from domain.events import Event
 from domain.resource import TtlBounds, is_valid_resource
 from domain.state import LockState
@@ -100,7 +100,17 @@ def resources_of(command: ReservationCommand) -> tuple[str, ...]:
     """The resources ``command`` touches, in the order they are decided and locked (sorted)."""
     if isinstance(command, Reserve):
         return tuple(sorted(command.resources))
-    return tuple(sorted(lease.resource for lease in command.leases))
+    return tuple(sorted({lease.resource for lease in command.leases}))
+
+
+def tokens_of(command: RenewReservation | ReleaseReservation) -> dict[str, int]:
+    """The fencing token named for each resource. A lease named twice is named once; a resource named
+    with two tokens cannot be held with both: ``NotHolder``, as for a token that is not the current one."""
+    tokens: dict[str, int] = {}
+    for lease in command.leases:
+        if tokens.setdefault(lease.resource, lease.fencing_token) != lease.fencing_token:
+            raise NotHolder(lease.resource, f"{lease.resource} is named with two fencing tokens")
+    return tokens
 
 
 def decide_reservation(
@@ -128,7 +138,7 @@ def decide_reservation(
         if held:
             raise ReservationHeld(tuple(held))
         return decided
-    tokens = {lease.resource: lease.fencing_token for lease in command.leases}
+    tokens = tokens_of(command)
     if isinstance(command, RenewReservation):
         ttl_ms = command.ttl_ms if command.ttl_ms is not None else _common_ttl(states, resources, bounds)
         return {
@@ -151,11 +161,12 @@ def _common_ttl(states: Mapping[str, LockState], resources: tuple[str, ...], bou
 
 def validate_reservation(command: ReservationCommand) -> None:
     """Refuse (``InvalidCommand``) a command whose own fields are wrong, whatever the locks' states: a bad
-    reservation id, no resource or too many, a bad resource name, a resource named twice."""
+    reservation id, no resource or too many, a bad resource name, a resource reserved twice (a renewal or
+    release may name a lease twice: ``tokens_of``)."""
     if isinstance(command, Reserve):
         resources = list(command.resources)
     else:
-        resources = [lease.resource for lease in command.leases]
+        resources = list(dict.fromkeys(lease.resource for lease in command.leases))
     subject = resources[0] if resources else command.reservation_id
     if not is_valid_reservation_id(command.reservation_id):
         raise InvalidCommand(

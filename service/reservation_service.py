@@ -32,6 +32,7 @@ from domain.reservation import (
     ReservedLease,
     decide_reservation,
     resources_of,
+    tokens_of,
     validate_reservation,
 )
 from domain.resource import TtlBounds
@@ -220,7 +221,7 @@ def _single(command: ReservationCommand, resource: str) -> Command:
     """The lock command ``command`` is on one of its resources (whose rules its plan follows)."""
     if isinstance(command, Reserve):
         return Acquire(resource, command.owner, command.ttl_ms)
-    token = next(lease.fencing_token for lease in command.leases if lease.resource == resource)
+    token = tokens_of(command)[resource]
     if isinstance(command, RenewReservation):
         return Renew(resource, command.owner, token, command.ttl_ms)
     return Release(resource, command.owner, token)
@@ -249,9 +250,7 @@ def _plan(
 
 def _answer(command: ReservationCommand, decided: dict[str, list[Event]]) -> dict[str, Any]:
     """The set's answer as stored under its key: leases in the order the request named them."""
-    order = (
-        command.resources if isinstance(command, Reserve) else [lease.resource for lease in command.leases]
-    )
+    order = command.resources if isinstance(command, Reserve) else list(tokens_of(command))
     last = {resource: events[-1] for resource, events in decided.items()}
     leases = [{"resource": resource, "fencing_token": last[resource].fencing_token} for resource in order]
     answer: dict[str, Any] = {
