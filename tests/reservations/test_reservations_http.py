@@ -9,6 +9,7 @@ events of one reservation in one transaction, each naming the reservation.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -222,3 +223,29 @@ async def test_with_tokens_the_owner_is_the_principal(
             f"/v1/reservations/{rid}/release", json=body, headers={"Authorization": f"Bearer {mine}"}
         )
         assert done.status_code == 200
+
+
+async def test_the_reaper_expires_the_set_and_replay_sees_it_held_before(
+    http: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """Reserved leases are ordinary leases: the reaper expires them together at their one deadline, and
+    the fleet at an instant before it has each of them."""
+    a1, a2 = f"{unique_prefix}A1", f"{unique_prefix}A2"
+    body = (await _reserve(http, "agv-1", [a1, a2], ttl_ms=1_000)).json()
+    at = body["expires_at"].replace("Z", "+00:00")
+    for _ in range(100):  # the shared server's reaper runs every 100 ms
+        states = [(await http.get(f"/v1/locks/{resource}")).json() for resource in (a1, a2)]
+        if all(state["ended_by"] == "LOCK_EXPIRED" for state in states):
+            break
+        await asyncio.sleep(0.1)
+    assert [state["ended_by"] for state in states] == ["LOCK_EXPIRED", "LOCK_EXPIRED"]
+    renewed = await http.post(
+        f"/v1/reservations/{body['reservation_id']}/renew", json={"owner": "agv-1", "leases": _leases(body)}
+    )
+    assert_problem(renewed, 410, "lease_expired")
+
+    before = datetime.fromisoformat(at) - timedelta(milliseconds=500)
+    replayed = await http.get("/v1/replay/state", params={"at": before.isoformat(), "prefix": unique_prefix})
+    assert replayed.status_code == 200, replayed.text
+    held = {lease["resource"]: lease["fencing_token"] for lease in replayed.json()["locks"]}
+    assert held == {a1: 1, a2: 1}
