@@ -11,13 +11,31 @@ import structlog
 from fastapi import APIRouter, FastAPI
 from fastapi_offline import FastAPIOffline
 
-from api import audit, commands, dashboard, feed, health, problems, queries, replay, sagas, stats, tokens
+from api import (
+    audit,
+    commands,
+    dashboard,
+    feed,
+    health,
+    problems,
+    queries,
+    replay,
+    reservations,
+    sagas,
+    stats,
+    tokens,
+)
 from api.fast_path import CommandFastPath
 from api.http_protocol import DRAIN
 from api.limits import install_limits
 from service import garbage_collection, loop_lag
 from service.authenticator import Authenticator
-from service.composition import lock_service_on_pool, projector_runner_on_pool, reaper_on_pool
+from service.composition import (
+    lock_service_on_pool,
+    projector_runner_on_pool,
+    reaper_on_pool,
+    reservation_service_on_pool,
+)
 from service.config import Settings
 from service.database import create_pool
 from service.database_guard import DatabaseGuard
@@ -84,6 +102,15 @@ def create_app(
             acquire_timeout_s=settings.pool_acquire_timeout_s,
             max_wait_ms=settings.max_wait_ms,
             wait_poll_s=settings.wait_poll_ms / 1000,
+            outage_watch=outage_watch,
+        )
+        app.state.reservation_service = reservation_service_on_pool(
+            pool,
+            app.state.lock_service,
+            settings.ttl_bounds,
+            conflict_retries=settings.conflict_retries,
+            acquire_timeout_s=settings.pool_acquire_timeout_s,
+            max_wait_ms=settings.max_wait_ms,
             outage_watch=outage_watch,
         )
         app.state.authenticator = (
@@ -154,7 +181,7 @@ def create_app(
     # Extra routers first, where the commands are without them: a route the router matches later pays for
     # every route tried before it (commands reach the router only with OpenTelemetry on). Lock commands
     # and saga transitions are served alike (api/command_route.py).
-    command_routers = [*extra_command_routers, commands.router, sagas.commands]
+    command_routers = [*extra_command_routers, commands.router, reservations.router, sagas.commands]
     if not telemetry:
         # Innermost of the app's middleware (added first), so the request limits still see every request.
         routes = [route for router in command_routers for route in router.routes]

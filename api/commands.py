@@ -36,7 +36,7 @@ Holder = Annotated[CommandCall, Depends(CommandCaller(Action.HOLD, LOCK_COMMAND_
 Admin = Annotated[CommandCall, Depends(CommandCaller(Action.FORCE_RELEASE, LOCK_COMMAND_HEADERS))]
 
 
-def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": Problem, "content": {"application/problem+json": {}}} for status in statuses}
 
 
@@ -75,7 +75,7 @@ async def _run(
     return Response(body, status_code=status_code, media_type="application/json", headers=headers)
 
 
-@router.post("/{resource}/acquire", status_code=201, response_model=Lease, responses=_problems(409, 422, 503))
+@router.post("/{resource}/acquire", status_code=201, response_model=Lease, responses=problems(409, 422, 503))
 async def acquire(resource: ResourcePath, body: AcquireRequest, call: Holder) -> Response:
     """Take the lock for `ttl_ms`, waiting up to `wait_ms` if it is held. 409 `lock_held` names the holder
     and its deadline."""
@@ -84,7 +84,7 @@ async def acquire(resource: ResourcePath, body: AcquireRequest, call: Holder) ->
     return await _run(command, call, Lease, status_code=201)
 
 
-@router.post("/{resource}/renew", response_model=Lease, responses=_problems(409, 410, 422, 503))
+@router.post("/{resource}/renew", response_model=Lease, responses=problems(409, 410, 422, 503))
 async def renew(resource: ResourcePath, body: RenewRequest, call: Holder) -> Response:
     """The heartbeat: extend the lease from now. 410 `lease_expired` once its deadline has passed;
     403 when the lease is another principal's."""
@@ -92,14 +92,14 @@ async def renew(resource: ResourcePath, body: RenewRequest, call: Holder) -> Res
     return await _run(command, call, Lease)
 
 
-@router.post("/{resource}/release", response_model=Released, responses=_problems(409, 410, 422, 503))
+@router.post("/{resource}/release", response_model=Released, responses=problems(409, 410, 422, 503))
 async def release(resource: ResourcePath, body: ReleaseRequest, call: Holder) -> Response:
     """End the lease now so the next agent need not wait for the deadline; 403 when it is another's."""
     command = Release(resource, lease_owner(body.owner, call.caller), body.fencing_token)
     return await _run(command, call, Released)
 
 
-@router.post("/{resource}/force-release", response_model=ForceReleased, responses=_problems(422, 503))
+@router.post("/{resource}/force-release", response_model=ForceReleased, responses=problems(422, 503))
 async def force_release(resource: ResourcePath, body: ForceReleaseRequest, call: Admin) -> Response:
     """Admin: end whatever lease is live, recording why. A free lock is left as it is (`released: false`)."""
     return await _run(ForceRelease(resource, body.reason), call, ForceReleased)

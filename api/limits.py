@@ -143,7 +143,13 @@ async def _payload_too_large(request: Request, error: Exception) -> Response:
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-_TTL_REQUESTS = (("AcquireRequest", "ttl_ms"), ("RenewRequest", "ttl_ms"), ("CreateSagaRequest", "lease_ms"))
+_TTL_REQUESTS = (
+    ("AcquireRequest", "ttl_ms"),
+    ("RenewRequest", "ttl_ms"),
+    ("CreateSagaRequest", "lease_ms"),
+    ("ReserveRequest", "ttl_ms"),
+    ("RenewReservationRequest", "ttl_ms"),
+)
 
 
 def document_limits(schema: dict[str, Any], settings: Settings) -> None:

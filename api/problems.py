@@ -22,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from api.auth import document_security
 from api.paths import route_path
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
+from domain.reservation import ReservationHeld
 from domain.resource import RESOURCE_RULE
 from domain.timestamps import format_timestamp
 from projections.archived import Archived
@@ -100,6 +101,12 @@ def install(app: FastAPI) -> None:
         extra: dict[str, Any] = {"resource": error.resource}
         if isinstance(error, LockHeld):
             extra.update(holder=error.holder, expires_at=error.expires_at, fencing_token=error.fencing_token)
+        if isinstance(error, ReservationHeld):
+            extra["conflicts"] = [
+                {"resource": held.resource, "holder": held.holder, "expires_at": held.expires_at,
+                 "fencing_token": held.fencing_token}
+                for held in error.conflicts
+            ]  # fmt: skip
         if isinstance(error, LeaseExpired):
             extra.update(expired_at=error.expired_at)
         return problem(

@@ -23,6 +23,7 @@ from lockledger.errors import (
     ValidationError,
 )
 from lockledger.lease import AsyncLease, Lease
+from lockledger.reservation import AsyncReservation, Reservation, ReservationInfo
 from lockledger_breaker import BreakerConfig, CircuitBreaker, CircuitOpen, State
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncClient",
     "AsyncLease",
+    "AsyncReservation",
     "BreakerConfig",
     "CircuitBreaker",
     "CircuitOpen",
@@ -42,6 +44,8 @@ __all__ = [
     "LockLost",
     "NotFound",
     "NotHolder",
+    "Reservation",
+    "ReservationInfo",
     "State",
     "Unauthorized",
     "Unavailable",

@@ -27,13 +27,14 @@ REPLACEMENTS = {
     "AsyncBaseTransport": "BaseTransport",
     "AsyncLease": "Lease",
     "AsyncSaga": "Saga",
+    "AsyncReservation": "Reservation",
     "aclose": "close",
     "aread": "read",
     "aiter_lines": "iter_lines",
 }
 # Prose (docstrings, comments) that tokens do not reach.
 TEXT = [
-    (re.compile(r"\bAsync(Client|Lease|Saga)\b"), r"\1"),
+    (re.compile(r"\bAsync(Client|Lease|Saga|Reservation)\b"), r"\1"),
     (re.compile(r"\basync (with|for) "), r"\1 "),
     (re.compile(r"\bawait "), ""),
 ]

@@ -20,6 +20,8 @@ from service.outage import OutageWatch
 from service.projectors import ProjectorRunner
 from service.reaper import Reaper
 from service.reaper_store import PostgresReaperStore
+from service.reservation_service import ReservationService
+from service.reservation_store import GuardedReservations, PostgresReservationStore
 from service.saga_service import SagaService
 from service.saga_store import PostgresSagaStore
 from service.store import PostgresStore
@@ -48,6 +50,24 @@ def lock_service_on_pool(
     waiters = Waiters(PostgresNotifier(pool, acquire_timeout_s), poll_s=wait_poll_s)
     return LockService(
         store, bounds, waiters, guard, conflict_retries=conflict_retries, max_wait_ms=max_wait_ms
+    )
+
+
+def reservation_service_on_pool(
+    pool: asyncpg.Pool,
+    locks: LockService,
+    bounds: TtlBounds,
+    *,
+    conflict_retries: int = 16,
+    acquire_timeout_s: float = 5.0,
+    max_wait_ms: int = 30_000,
+    outage_watch: OutageWatch | None = None,
+) -> ReservationService:
+    """The reservation use case beside ``locks``: it loads through the lock service's store (with its
+    adapters), waits with its waiters, and commits through ``locks``' database guard."""
+    atomic = GuardedReservations(PostgresReservationStore(pool, acquire_timeout_s), locks.guard, outage_watch)
+    return ReservationService(
+        locks.store, atomic, bounds, locks.waiters, conflict_retries=conflict_retries, max_wait_ms=max_wait_ms
     )
 
 

@@ -111,6 +111,11 @@ class LockService:
         """The lease length of an acquire that names none."""
         return self._bounds.default_ms
 
+    @property
+    def waiters(self) -> Waiters:
+        """The waiting acquires of this process (a waiting reservation watches the same locks)."""
+        return self._waiters
+
     def drain(self) -> None:
         """The server is shutting down: every waiting acquire answers 503 now, and none waits from now on."""
         self._waiters.drain()
@@ -151,7 +156,7 @@ class LockService:
         idempotency = Idempotency(
             ctx.principal, ctx.idempotency_key, fingerprint(name, command.resource, fields)
         )
-        metadata = _metadata(name, ctx)
+        metadata = command_metadata(name, ctx)
         request = LoadRequest(command.resource, ctx.principal, ctx.idempotency_key, _remembered_if(command))
         reads = 0
         while reads <= self._retries:
@@ -242,7 +247,7 @@ def _describe(command: Command) -> tuple[str, dict[str, Any]]:
     return "expire", {}
 
 
-def _metadata(command: str, ctx: CommandContext) -> dict[str, Any]:
+def command_metadata(command: str, ctx: CommandContext) -> dict[str, Any]:
     metadata: dict[str, Any] = {"command": command, "actor": ctx.principal}
     for key in ("idempotency_key", "correlation_id", "causation_id", "saga_id", "saga_step"):
         value = getattr(ctx, key)

@@ -7,6 +7,7 @@ contract suite runs every port against both (``tests/service/test_store_contract
 entitles the fakes to stand in for PostgreSQL in behaviour tests.
 
 - ``LockStore``: load what a lock decision needs, commit a decision's plan (``service/store.py``).
+- ``AtomicLockStore``: commit a reservation's plans all or nothing (``service/reservation_store.py``).
 - ``SagaStore``: the same for one saga transition (``service/saga_store.py``).
 - ``ReaperStore``: what a reaper pass does in the store: expire lapsed leases, find lapsed sagas, purge
   old Idempotency-Keys (``service/reaper_store.py``).
@@ -122,6 +123,16 @@ class LockStore(Protocol):
     async def commit(self, plans: Sequence[AppendPlan]) -> list[Committed | None]:
         """Commit each plan (distinct resources and keys), in order; None for a plan whose stream moved on
         or whose lease lapsed (it wrote nothing). Raises ``CommitConflict`` having written nothing."""
+        ...
+
+
+class AtomicLockStore(Protocol):
+    """Where a reservation's plans are committed: all of them in one transaction, or none."""
+
+    async def commit_all(self, plans: Sequence[AppendPlan]) -> list[Committed] | None:
+        """Commit every plan (distinct resources, their heads locked in resource order) by the rules of
+        ``LockStore.commit``, in one transaction; None, having written nothing, when any plan's stream
+        moved on or its lease lapsed. Raises ``CommitConflict`` having written nothing."""
         ...
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import structlog
@@ -49,14 +49,21 @@ T = TypeVar("T")
 
 
 class Line:
-    """The waiters on one lock in this process; the one holding ``turn`` is the next to try."""
+    """The waiters on one lock in this process; the one holding ``turn`` is the next to try. Watchers
+    (waiting reservations, ``Waiters.watch``) take no turn: each has its own event, set on every wake."""
 
-    __slots__ = ("freed", "turn", "waiters")
+    __slots__ = ("freed", "turn", "waiters", "watchers")
 
     def __init__(self) -> None:
         self.turn = asyncio.Lock()
         self.freed = asyncio.Event()
         self.waiters = 0
+        self.watchers: set[asyncio.Event] = set()
+
+    def wake(self) -> None:
+        self.freed.set()
+        for watcher in self.watchers:
+            watcher.set()
 
     async def wait_freed(self, timeout_s: float) -> bool:
         """Whether the lock may have come free within ``timeout_s``."""
@@ -81,6 +88,11 @@ class Waiters:
     @property
     def waiting(self) -> int:
         return sum(line.waiters for line in self._lines.values())
+
+    @property
+    def draining(self) -> bool:
+        """The server is shutting down: no wait may start or go on."""
+        return self._draining
 
     async def acquire(
         self,
@@ -169,27 +181,57 @@ class Waiters:
             line = self._lines[resource] = Line()
         line.waiters += 1
         _WAITING.inc()
-        if self._follower is None:
-            self._follower = asyncio.create_task(self._follow(), name="acquire-waiters-follower")
+        self._follow_while_waited()
         try:
             yield line
         finally:
             _WAITING.dec()
             line.waiters -= 1
-            if line.waiters == 0:
-                del self._lines[resource]
+            self._leave(resource, line)
+
+    @contextlib.asynccontextmanager
+    async def watch(self, resources: Sequence[str]) -> AsyncIterator[asyncio.Event]:
+        """An event set each time any of ``resources`` may have come free (a commit of this process, or
+        the follower's look), for a waiter that needs them all at once and so takes no turn in any line:
+        a waiting reservation (``service/reservation_service.py``). Clear it before each try."""
+        event = asyncio.Event()
+        joined: list[tuple[str, Line]] = []
+        for resource in resources:
+            line = self._lines.get(resource)
+            if line is None:
+                line = self._lines[resource] = Line()
+            line.watchers.add(event)
+            joined.append((resource, line))
+        _WAITING.inc()
+        self._follow_while_waited()
+        try:
+            yield event
+        finally:
+            _WAITING.dec()
+            for resource, line in joined:
+                line.watchers.discard(event)
+                self._leave(resource, line)
+
+    def _follow_while_waited(self) -> None:
+        if self._follower is None:
+            self._follower = asyncio.create_task(self._follow(), name="acquire-waiters-follower")
+
+    def _leave(self, resource: str, line: Line) -> None:
+        if line.waiters == 0 and not line.watchers and self._lines.get(resource) is line:
+            del self._lines[resource]
 
     def freed(self, resource: str) -> None:
-        """This process committed a state in which ``resource`` is free: wake the next in its line."""
+        """This process committed a state in which ``resource`` is free: wake the next in its line (and
+        every reservation watching it)."""
         line = self._lines.get(resource)
         if line is not None:
-            line.freed.set()
+            line.wake()
 
     def drain(self) -> None:
         """End every wait now with 503 (the server is shutting down), and refuse to start new ones."""
         self._draining = True
         for line in self._lines.values():
-            line.freed.set()
+            line.wake()
 
     async def close(self) -> None:
         if self._follower is not None:

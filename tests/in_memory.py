@@ -11,9 +11,11 @@ from service.fakes.database import MemoryDatabase
 from service.fakes.lock_store import MemoryLockStore
 from service.fakes.notifier import MemoryNotifier
 from service.fakes.reaper_store import MemoryReaperStore
+from service.fakes.reservation_store import MemoryReservationStore
 from service.fakes.saga_store import MemorySagaStore
 from service.lock_service import LockService
 from service.reaper import Reaper
+from service.reservation_service import ReservationService
 from service.saga_service import SagaService
 from service.store_adapters import Adapters, build_store
 from service.waiters import Waiters
@@ -33,6 +35,15 @@ def lock_service_in_memory(
     store = build_store(MemoryLockStore(database), guard, adapters or Adapters(), database.clock)
     waiters = Waiters(MemoryNotifier(database), poll_s=wait_poll_s)
     return LockService(store, bounds, waiters, guard, max_wait_ms=max_wait_ms)
+
+
+def reservation_service_in_memory(
+    database: MemoryDatabase, locks: LockService, bounds: TtlBounds, *, max_wait_ms: int = 30_000
+) -> ReservationService:
+    """The reservation use case on ``database``, beside the lock use case ``locks`` of the same process."""
+    return ReservationService(
+        locks.store, MemoryReservationStore(database), bounds, locks.waiters, max_wait_ms=max_wait_ms
+    )
 
 
 def saga_service_in_memory(database: MemoryDatabase) -> SagaService:

@@ -37,6 +37,7 @@ from lockledger.feed import FeedOverflow, SseParser, feed_event
 from lockledger.lease import AsyncLease
 from lockledger.records import ForceReleased, History, LeaseInfo, LockInfo, LockPage, Released, Reply
 from lockledger.replay import AgentHistory, Change, Changes, ReplayLease, ReplayState, filters, time_range
+from lockledger.reservation import AsyncReservation, ReservationInfo, leases_field
 from lockledger.saga import AsyncSaga, SagaDefinition, SagaView
 from lockledger_breaker import CircuitBreaker
 
@@ -143,6 +144,41 @@ class AsyncClient(wire.ClientCore):
         path = wire.lock_path(resource, "/release")
         body = wire.release_body(owner, fencing_token)
         return Released.from_json(await self._data("POST", path, json=body))
+
+    async def reserve_set(
+        self,
+        resources: list[str],
+        owner: str | None = None,
+        ttl: float | None = None,
+        wait: float = 0.0,
+        reservation_id: str | None = None,
+    ) -> ReservationInfo:
+        """Take every resource for ``ttl`` seconds, all or none, each with its own fencing token; while any
+        is held, the server waits up to ``wait`` seconds (holding none) before raising ``LockHeld``, whose
+        ``problem["conflicts"]`` names every held resource and holder."""
+        body: dict[str, Any] = {
+            "resources": [wire.check_resource(resource) for resource in resources],
+            **wire.acquire_body(owner, ttl, wait),
+        }
+        if reservation_id is not None:
+            body["reservation_id"] = reservation_id
+        return ReservationInfo.from_json(await self._data("POST", "/v1/reservations", json=body, wait=wait))
+
+    async def renew_reservation(
+        self, reservation_id: str, owner: str | None, tokens: Mapping[str, int], ttl: float | None = None
+    ) -> ReservationInfo:
+        """Renew every lease in ``tokens`` (resource -> fencing token) to one deadline, or none."""
+        body = {**wire.owner_field(owner), "leases": leases_field(tokens), **wire.ttl_field(ttl)}
+        path = f"/v1/reservations/{reservation_id}/renew"
+        return ReservationInfo.from_json(await self._data("POST", path, json=body))
+
+    async def release_reservation(
+        self, reservation_id: str, owner: str | None, tokens: Mapping[str, int]
+    ) -> ReservationInfo:
+        """End every lease in ``tokens`` (the set, or the one resource left), or none."""
+        body = {**wire.owner_field(owner), "leases": leases_field(tokens)}
+        path = f"/v1/reservations/{reservation_id}/release"
+        return ReservationInfo.from_json(await self._data("POST", path, json=body))
 
     async def force_release(self, resource: str, reason: str) -> ForceReleased:
         path = wire.lock_path(resource, "/force-release")
@@ -390,6 +426,27 @@ class AsyncClient(wire.ClientCore):
         """
         resource = wire.check_resource(resource)
         return AsyncLease(self, resource, owner or self.agent_id, ttl, wait, on_lost, safety_margin)
+
+    def reserve(
+        self,
+        resources: list[str],
+        *,
+        owner: str | None = None,
+        ttl: float = 30.0,
+        wait: float = 0.0,
+        reservation_id: str | None = None,
+        on_lost: Callable[[LockLost], None] | None = None,
+        safety_margin: float = 0.1,
+    ) -> AsyncReservation:
+        """A managed reservation: ``async with client.reserve(["zone:A1", "zone:A2"], ttl=30) as r:``.
+
+        Every resource or none; one heartbeat for the set; ``r.release("zone:A1")`` ends one lease, the
+        block's exit the rest. See ``lockledger.reservation`` for the renewal and loss rules.
+        """
+        checked = [wire.check_resource(resource) for resource in resources]
+        return AsyncReservation(
+            self, checked, owner or self.agent_id, ttl, wait, reservation_id, on_lost, safety_margin
+        )
 
     def saga(
         self,

@@ -80,6 +80,7 @@ def _async(recorder: Recorder) -> AsyncClient:
 def test_the_package_exports_clients_leases_errors_and_breaker_config() -> None:
     assert set(lockledger.__all__) == {
         "AsyncClient", "Client", "AsyncLease", "Lease",
+        "AsyncReservation", "Reservation", "ReservationInfo",
         "LockLedgerError", "LockHeld", "NotHolder", "LeaseExpired", "LockLost", "ValidationError",
         "NotFound", "Unauthorized", "Forbidden", "Unavailable", "CircuitOpen",
         "BreakerConfig", "CircuitBreaker", "State", "__version__",

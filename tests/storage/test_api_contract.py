@@ -426,6 +426,15 @@ async def test_every_endpoint_refuses_unknown_query_parameters(
         "/v1/locks/{resource}/renew": {"owner": "bot1", "fencing_token": 1},
         "/v1/locks/{resource}/release": {"owner": "bot1", "fencing_token": 1},
         "/v1/locks/{resource}/force-release": {"reason": "r"},
+        "/v1/reservations": {"owner": "bot1", "resources": [resource]},
+        "/v1/reservations/{reservation_id}/renew": {
+            "owner": "bot1",
+            "leases": [{"resource": resource, "fencing_token": 1}],
+        },
+        "/v1/reservations/{reservation_id}/release": {
+            "owner": "bot1",
+            "leases": [{"resource": resource, "fencing_token": 1}],
+        },
         "/v1/sagas": {"name": "n", "steps": [{"name": "a", "locks": []}]},
         "/v1/sagas/{saga_id}/steps/{step}/fail": {"reason": "r"},
         "/v1/sagas/{saga_id}/steps/{step}/compensation/fail": {"reason": "r"},
@@ -439,6 +448,7 @@ async def test_every_endpoint_refuses_unknown_query_parameters(
             .replace("{owner}", "bot1")
             .replace("{saga_id}", f"{resource}-saga")
             .replace("{step}", "a")
+            .replace("{reservation_id}", f"{resource}-r")
         )
         body = bodies.get(template) if method == "POST" else None
         # A misspelt filter, as a user would send it; no endpoint has a parameter of that name.
