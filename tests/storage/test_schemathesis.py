@@ -201,8 +201,11 @@ def another_receiver(case: schemathesis.Case[Any]) -> None:
     """A hand-off to its own giver is 422 by design, which no schema can say: a positive case hands the
     lease to another agent (the body's ``owner`` is the giver in dev mode)."""
     body = case.body
-    if isinstance(body, dict) and isinstance(body.get("to"), str) and body.get("to") == body.get("owner"):
-        body["to"] = ("x" + body["to"])[:200] if not body["to"].startswith("x") else "y" + body["to"][1:]
+    if not isinstance(body, dict):
+        return
+    to = body.get("to")
+    if isinstance(to, str) and to == body.get("owner"):
+        body["to"] = "y" + to[1:] if to.startswith("x") else ("x" + to)[:200]
 
 
 def _in_utcs_years(instant: datetime) -> bool:
