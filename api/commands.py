@@ -1,4 +1,5 @@
-"""Command endpoints: acquire, renew (heartbeat), release, force-release.
+"""Command endpoints: acquire, renew (heartbeat), release, hand-off (and its accept or decline),
+force-release.
 
 With authentication on, the lease owner is the caller's principal: the body's ``owner`` may be left out,
 and if given must be the principal's name (403 otherwise). In dev mode the body names the owner.
@@ -16,9 +17,13 @@ from pydantic import BaseModel
 from api.command_route import LOCK_COMMAND_HEADERS, CommandCall, CommandCaller, CommandRoute
 from api.dependencies import ResourcePath
 from api.models import (
+    AcceptRequest,
     AcquireRequest,
+    DeclineRequest,
     ForceReleased,
     ForceReleaseRequest,
+    HandedOff,
+    HandOffRequest,
     Lease,
     Problem,
     Released,
@@ -26,7 +31,7 @@ from api.models import (
     RenewRequest,
 )
 from domain.access import Action, Principal
-from domain.commands import Acquire, Command, ForceRelease, Release, Renew
+from domain.commands import Accept, Acquire, Command, Decline, ForceRelease, HandOff, Release, Renew
 from domain.errors import NotOwner
 from service.errors import Forbidden
 
@@ -97,6 +102,30 @@ async def release(resource: ResourcePath, body: ReleaseRequest, call: Holder) ->
     """End the lease now so the next agent need not wait for the deadline; 403 when it is another's."""
     command = Release(resource, lease_owner(body.owner, call.caller), body.fencing_token)
     return await _run(command, call, Released)
+
+
+@router.post("/{resource}/handoff", response_model=HandedOff, responses=problems(409, 410, 422, 503))
+async def hand_off(resource: ResourcePath, body: HandOffRequest, call: Holder) -> Response:
+    """Pass the live lease to the agent `to` in one step: it holds the lock at once with a new fencing
+    token and must accept within `accept_within_ms`; the giver's token is refused from now on. 403 when
+    the lease is another principal's (docs/decisions/0047-lease-hand-off.md)."""
+    within = body.accept_within_ms if body.accept_within_ms is not None else call.service.default_ttl_ms
+    owner = lease_owner(body.owner, call.caller)
+    return await _run(HandOff(resource, owner, body.fencing_token, body.to, within), call, HandedOff)
+
+
+@router.post("/{resource}/accept", response_model=Lease, responses=problems(409, 410, 422, 503))
+async def accept(resource: ResourcePath, body: AcceptRequest, call: Holder) -> Response:
+    """Take up the lease handed to the caller: renewed for `ttl_ms`, its fencing token returned. Once per
+    hand-off; 409 `not_holder` when none awaits the caller, 410 `lease_expired` once its deadline passed."""
+    ttl_ms = body.ttl_ms if body.ttl_ms is not None else call.service.default_ttl_ms
+    return await _run(Accept(resource, lease_owner(body.owner, call.caller), ttl_ms), call, Lease)
+
+
+@router.post("/{resource}/decline", response_model=Released, responses=problems(409, 410, 422, 503))
+async def decline(resource: ResourcePath, body: DeclineRequest, call: Holder) -> Response:
+    """Refuse the lease handed to the caller: it is released now. 409 `not_holder` when none awaits it."""
+    return await _run(Decline(resource, lease_owner(body.owner, call.caller)), call, Released)
 
 
 @router.post("/{resource}/force-release", response_model=ForceReleased, responses=problems(422, 503))

@@ -146,6 +146,8 @@ _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _TTL_REQUESTS = (
     ("AcquireRequest", "ttl_ms"),
     ("RenewRequest", "ttl_ms"),
+    ("AcceptRequest", "ttl_ms"),
+    ("HandOffRequest", "accept_within_ms"),  # a handed-off lease is a lease of that length until accepted
     ("CreateSagaRequest", "lease_ms"),
     ("ReserveRequest", "ttl_ms"),
     ("RenewReservationRequest", "ttl_ms"),
@@ -156,7 +158,8 @@ def document_limits(schema: dict[str, Any], settings: Settings) -> None:
     """Make the OpenAPI state the bounds exactly as the server enforces them, so that a client (or
     schemathesis) keeping to the document is never refused:
 
-    - ``ttl_ms`` in the command bodies, and a saga's ``lease_ms``, get the configured TTL bounds (settings,
+    - ``ttl_ms`` in the command bodies, a hand-off's ``accept_within_ms`` and a saga's ``lease_ms`` get the
+      configured TTL bounds (settings,
       which the models cannot know); not in responses, whose leases may have been granted under other
       bounds;
     - numeric bounds become exact integers again: FastAPI's OpenAPI model holds them as floats, and

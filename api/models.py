@@ -123,6 +123,33 @@ class ReleaseRequest(_Body):
     fencing_token: WholeNumber = Field(ge=1, le=2**62)
 
 
+class HandOffRequest(_Body):
+    owner: str | None = Owner
+    fencing_token: WholeNumber = Field(ge=1, le=2**62, description="The giver's token: its live lease.")
+    to: str = Field(
+        pattern=OWNER_PATTERN,
+        min_length=1,
+        max_length=200,
+        description="The agent that receives the lease (another than the giver).",
+    )
+    accept_within_ms: WholeNumber | None = Field(
+        default=None,
+        description="How long the receiver has to accept (bounded like `ttl_ms`); the server's default"
+        " TTL (30 s) if omitted. Unaccepted, the lease lapses then.",
+    )
+
+
+class AcceptRequest(_Body):
+    owner: str | None = Owner
+    ttl_ms: WholeNumber | None = Field(
+        default=None, description="Lease length from now on; the server default (30 s) if omitted."
+    )
+
+
+class DeclineRequest(_Body):
+    owner: str | None = Owner
+
+
 class ForceReleaseRequest(_Body):
     # No NUL: PostgreSQL text and jsonb cannot store it, so it would fail the append with a 500.
     reason: str = Field(
@@ -138,6 +165,16 @@ class Lease(BaseModel):
     )
     expires_at: Timestamp = Field(description="Deadline by the database clock.")
     ttl_ms: int
+
+
+class HandedOff(BaseModel):
+    resource: str
+    owner: str = Field(description="The receiver: the holder from the hand-off on.")
+    fencing_token: int = Field(description="The receiver's token; the giver's is refused from now on.")
+    expires_at: Timestamp = Field(description="The receiver must accept before this deadline.")
+    accept_within_ms: int
+    from_owner: str = Field(description="The giver.")
+    from_token: int = Field(description="The giver's token, which the hand-off ended.")
 
 
 class Released(BaseModel):
@@ -174,6 +211,10 @@ class LockInfo(BaseModel):
     )
     saga_step: str | None = Field(
         default=None, description="The saga step the live lease was acquired for (`X-Saga-Step`)."
+    )
+    handed_off_by: str | None = Field(
+        default=None,
+        description="The giver of a hand-off the holder has not yet accepted or declined; null otherwise.",
     )
 
 

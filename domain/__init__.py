@@ -1,6 +1,6 @@
 """The pure core of lockledger: lock commands, events, state and the decider. No I/O, no frameworks."""
 
-from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
+from domain.commands import Accept, Acquire, Command, Decline, Expire, ForceRelease, HandOff, Release, Renew
 from domain.decider import decide, evolve, fold
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
 from domain.events import (
@@ -8,6 +8,7 @@ from domain.events import (
     LockAcquired,
     LockExpired,
     LockForceReleased,
+    LockHandedOff,
     LockReleased,
     LockRenewed,
     event_from_payload,
@@ -17,17 +18,21 @@ from domain.resource import TtlBounds, is_valid_owner, is_valid_resource
 from domain.state import LockState, initial_state
 
 __all__ = [
+    "Accept",
     "Acquire",
     "Command",
+    "Decline",
     "DomainError",
     "Event",
     "Expire",
     "ForceRelease",
+    "HandOff",
     "InvalidCommand",
     "LeaseExpired",
     "LockAcquired",
     "LockExpired",
     "LockForceReleased",
+    "LockHandedOff",
     "LockHeld",
     "LockReleased",
     "LockRenewed",

@@ -52,4 +52,34 @@ class ForceRelease:
     reason: str
 
 
-Command = Acquire | Renew | Release | Expire | ForceRelease
+@value
+class HandOff:
+    """The holder passes its live lease to the agent ``to`` in one step (docs/decisions/0047): ``to`` holds
+    it at once with a new fencing token, for ``accept_within_ms``, and must accept (or decline) by then."""
+
+    resource: str
+    owner: str
+    fencing_token: int
+    to: str
+    accept_within_ms: int
+
+
+@value
+class Accept:
+    """The receiver of a hand-off takes it up: the lease is renewed for ``ttl_ms`` and its token returned.
+    No token is sent: the receiver learns it here, once; only a hand-off not yet accepted can be."""
+
+    resource: str
+    owner: str
+    ttl_ms: int
+
+
+@value
+class Decline:
+    """The receiver of a hand-off refuses it: the lease ends now (released), as if it had lapsed."""
+
+    resource: str
+    owner: str
+
+
+Command = Acquire | Renew | Release | Expire | ForceRelease | HandOff | Accept | Decline

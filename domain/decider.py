@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
+from domain.commands import Accept, Acquire, Command, Decline, Expire, ForceRelease, HandOff, Release, Renew
 from domain.errors import InvalidCommand, LeaseExpired, LockHeld, NotHolder, NotOwner
 from domain.events import (
     LOCK_EXPIRED,
@@ -17,9 +17,11 @@ from domain.events import (
     LockAcquired,
     LockExpired,
     LockForceReleased,
+    LockHandedOff,
     LockReleased,
     LockRenewed,
 )
+from domain.handoff import hand_off, take_up, validate_hand_off
 from domain.resource import TtlBounds, is_valid_owner, is_valid_resource
 from domain.state import LockState
 
@@ -48,6 +50,11 @@ def decide(
         return [LockReleased(state.resource, command.owner, state.fencing_token, state.expires_at)]
     if isinstance(command, Expire):
         return [_expiry(state)] if state.is_lapsed(now) else []
+    if isinstance(command, HandOff):
+        _check_holder(state, command.owner, command.fencing_token, now)
+        return hand_off(state, command)
+    if isinstance(command, Accept | Decline):
+        return take_up(state, command, now)
     if isinstance(command, ForceRelease):
         if state.is_lapsed(now):
             return [_expiry(state)]
@@ -67,7 +74,7 @@ def evolve(state: LockState, event: Event) -> LockState:
     """The state after ``event``; each event carries all it needs, so older events are never consulted."""
     # Built directly rather than with dataclasses.replace, which inspects the fields on every call: this
     # runs on every command.
-    if isinstance(event, LockAcquired | LockRenewed):
+    if isinstance(event, LockAcquired | LockRenewed | LockHandedOff):
         return LockState(
             resource=state.resource,
             version=state.version + 1,
@@ -77,6 +84,7 @@ def evolve(state: LockState, event: Event) -> LockState:
             ttl_ms=event.ttl_ms,
             expires_at=event.expires_at,
             ended_by=None,
+            handed_off_by=event.from_owner if isinstance(event, LockHandedOff) else None,
         )
     return LockState(
         resource=state.resource,
@@ -143,6 +151,8 @@ def _validate(state: LockState, command: Command, bounds: TtlBounds) -> None:
     reason = getattr(command, "reason", None)
     if reason is not None and (not reason or len(reason) > 1000 or "\x00" in reason):
         raise InvalidCommand(command.resource, "reason must be 1-1000 characters without NUL")
+    if isinstance(command, HandOff):
+        validate_hand_off(command, bounds)
     ttl_ms = getattr(command, "ttl_ms", None)
     if ttl_ms is not None and not bounds.contains(ttl_ms):
         raise InvalidCommand(

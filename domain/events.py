@@ -2,13 +2,15 @@
 
 Every event carries the owner, the fencing token and the lease deadline it knew, so the last event of a
 stream determines the lock's state without reading older ones (projections and replay rely on it). A
-grant (``LOCK_ACQUIRED``, ``LOCK_RENEWED``) is decided with its TTL and no deadline: the append stamps
-``expires_at`` from the clock read where the decision is serialized (:func:`stamp`, or the command
-statement in PostgreSQL), so the deadline is computed once, by the store. Stored grants always carry it.
+grant (``LOCK_ACQUIRED``, ``LOCK_RENEWED``, ``LOCK_HANDED_OFF``) is decided with its TTL and no
+deadline: the append stamps ``expires_at`` from the clock read where the decision is serialized
+(:func:`stamp`, or the command statement in PostgreSQL), so the deadline is computed once, by the store.
+Stored grants always carry it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,6 +22,7 @@ LOCK_RENEWED = "LOCK_RENEWED"
 LOCK_RELEASED = "LOCK_RELEASED"
 LOCK_EXPIRED = "LOCK_EXPIRED"
 LOCK_FORCE_RELEASED = "LOCK_FORCE_RELEASED"
+LOCK_HANDED_OFF = "LOCK_HANDED_OFF"
 
 
 @value
@@ -70,10 +73,29 @@ class LockForceReleased:
     type: str = LOCK_FORCE_RELEASED
 
 
-Event = LockAcquired | LockRenewed | LockReleased | LockExpired | LockForceReleased
+@value
+class LockHandedOff:
+    """The holder ``from_owner`` (token ``from_token``) handed its live lease to ``owner``: it ends the
+    giver's lease and begins the receiver's with a new ``fencing_token`` (this event's stream version),
+    in one event, so no instant is without a holder. ``ttl_ms`` is the time given to accept."""
+
+    resource: str
+    owner: str
+    fencing_token: int
+    ttl_ms: int
+    expires_at: datetime | None  # None until the append stamps it
+    from_owner: str
+    from_token: int
+    type: str = LOCK_HANDED_OFF
+
+
+Event = LockAcquired | LockRenewed | LockReleased | LockExpired | LockForceReleased | LockHandedOff
 
 # Events whose lease deadline is computed from the TTL at the instant of the append.
-GRANTING_EVENTS = frozenset({LOCK_ACQUIRED, LOCK_RENEWED})
+GRANTING_EVENTS = frozenset({LOCK_ACQUIRED, LOCK_RENEWED, LOCK_HANDED_OFF})
+# Grants that begin a lease (a new holder, a new fencing token): the lease's own start, where replay,
+# holding_periods, agent_stats and lock_state's acquired_at find when, and for which saga step, it began.
+LEASE_STARTS = frozenset({LOCK_ACQUIRED, LOCK_HANDED_OFF})
 
 # The field of a payload that holds the lease deadline (stamped by the append for granting events).
 DEADLINE_FIELD = "expires_at"
@@ -87,6 +109,7 @@ PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
     LOCK_RELEASED: ("owner", "fencing_token", DEADLINE_FIELD),
     LOCK_EXPIRED: ("owner", "fencing_token", DEADLINE_FIELD),
     LOCK_FORCE_RELEASED: ("owner", "fencing_token", DEADLINE_FIELD, "reason"),
+    LOCK_HANDED_OFF: ("owner", "fencing_token", DEADLINE_FIELD, "ttl_ms", "from_owner", "from_token"),
 }
 PAYLOAD_TYPES: dict[str, type] = {
     "owner": str,
@@ -94,6 +117,8 @@ PAYLOAD_TYPES: dict[str, type] = {
     DEADLINE_FIELD: datetime,
     "ttl_ms": int,
     "reason": str,
+    "from_owner": str,
+    "from_token": int,
 }
 
 # The payload fields that hold an instant (ISO 8601 text in the stored JSON).
@@ -106,8 +131,11 @@ def event_payload(event: Event) -> dict[str, Any]:
     payload: dict[str, Any] = {"owner": event.owner, "fencing_token": event.fencing_token}
     if event.expires_at is not None:  # a grant not yet appended has none: the append stamps it
         payload[DEADLINE_FIELD] = format_timestamp(event.expires_at)
-    if isinstance(event, LockAcquired | LockRenewed):
+    if isinstance(event, LockAcquired | LockRenewed | LockHandedOff):
         payload["ttl_ms"] = event.ttl_ms
+    if isinstance(event, LockHandedOff):
+        payload["from_owner"] = event.from_owner
+        payload["from_token"] = event.from_token
     if isinstance(event, LockForceReleased):
         payload["reason"] = event.reason
     return payload
@@ -124,6 +152,8 @@ def stamp(events: list[Event], at: datetime) -> list[Event]:
             event.resource, event.owner, event.fencing_token, event.ttl_ms, deadline(at, event.ttl_ms)
         )
         if isinstance(event, LockAcquired | LockRenewed)
+        else dataclasses.replace(event, expires_at=deadline(at, event.ttl_ms))
+        if isinstance(event, LockHandedOff)
         else event
         for event in events
     ]
@@ -147,6 +177,11 @@ def event_from_payload(resource: str, event_type: str, data: dict[str, Any]) -> 
         return LockReleased(resource, owner, token, expires_at)
     if event_type == LOCK_EXPIRED:
         return LockExpired(resource, owner, token, expires_at)
+    if event_type == LOCK_HANDED_OFF:
+        return LockHandedOff(
+            resource, owner, token, int(data["ttl_ms"]), expires_at, str(data["from_owner"]),
+            int(data["from_token"]),
+        )  # fmt: skip
     if event_type == LOCK_FORCE_RELEASED:
         return LockForceReleased(resource, owner, token, expires_at, str(data.get("reason", "")))
     raise ValueError(f"unknown lock event type {event_type!r}")

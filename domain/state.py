@@ -25,6 +25,8 @@ class LockState:
     is derived from it, which is why tokens are assigned under the same serialization as the decision.
     A ``held`` lease whose ``expires_at`` has passed is *lapsed*: no longer live, but its ``LOCK_EXPIRED``
     event may not have been appended yet (the reaper or the next command does that).
+    ``handed_off_by`` names the giver of a lease handed off and not yet accepted or declined by its new
+    holder (docs/decisions/0047-lease-hand-off.md); None otherwise.
     """
 
     resource: str
@@ -35,6 +37,7 @@ class LockState:
     ttl_ms: int | None = None
     expires_at: datetime | None = None
     ended_by: str | None = None
+    handed_off_by: str | None = None
 
     def is_live(self, now: datetime) -> bool:
         return self.status == "held" and self.expires_at is not None and not is_expired(self.expires_at, now)
@@ -48,7 +51,7 @@ class LockState:
             return self
         return LockState(
             self.resource, self.version, self.status, self.owner, self.fencing_token, self.ttl_ms,
-            expires_at, self.ended_by,
+            expires_at, self.ended_by, self.handed_off_by,
         )  # fmt: skip
 
 

@@ -25,11 +25,18 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
 from sqlalchemy.types import UserDefinedType
 
+from domain.events import GRANTING_EVENTS, LEASE_STARTS, LOCK_HANDED_OFF
+
 # One MetaData for the whole database; projections and service add their tables to it.
 metadata = MetaData()
 
 # The database role the service runs as: INSERT and SELECT on events, nothing that rewrites history.
 SERVICE_ROLE = "lockledger_service"
+
+
+def _names(event_types: frozenset[str]) -> str:
+    """SQL's list of ``event_types``, in the order the migrations write them."""
+    return ", ".join(f"'{name}'" for name in sorted(event_types))
 
 
 class Xid8(UserDefinedType[Any]):
@@ -76,14 +83,21 @@ events = Table(
         "events_lease_span_idx",
         text("tstzrange(recorded_at, event_deadline(data))"),
         postgresql_using="gist",
-        postgresql_where=text("event_type IN ('LOCK_ACQUIRED', 'LOCK_RENEWED')"),
+        postgresql_where=text(f"event_type IN ({_names(GRANTING_EVENTS)})"),
     ),
     Index("events_owner_idx", text("(data ->> 'owner')"), "position"),
     Index(
         "events_lease_start_idx",
         "stream_id",
         text("((data ->> 'fencing_token')::bigint)"),
-        postgresql_where=text("event_type = 'LOCK_ACQUIRED'"),
+        postgresql_where=text(f"event_type IN ({_names(LEASE_STARTS)})"),
+    ),
+    # An agent's history: the hand-offs it gave name it in from_owner (migration 0013).
+    Index(
+        "events_from_owner_idx",
+        text("(data ->> 'from_owner')"),
+        "position",
+        postgresql_where=text(f"event_type = '{LOCK_HANDED_OFF}'"),
     ),
     postgresql_partition_by="RANGE (recorded_at)",
 )

@@ -49,7 +49,7 @@ MARK_SQL = "SELECT pg_current_xact_id()::text::bigint"
 # The events of transactions in [$2, $3) after position $1, filtered, in position order: one page.
 WINDOW_SQL = f"""
 SELECT position, tx_id::text::bigint AS tx, stream_id, event_type, data ->> 'owner' AS owner,
-       metadata ->> 'saga_id' AS saga_id,
+       data ->> 'from_owner' AS giver, metadata ->> 'saga_id' AS saga_id,
        json_build_object(
          'position', position, 'stream', stream_id, 'version', stream_version, 'event_id', event_id,
          'type', event_type, 'data', data, 'metadata', metadata,
@@ -58,7 +58,7 @@ SELECT position, tx_id::text::bigint AS tx, stream_id, event_type, data ->> 'own
   FROM events
  WHERE position > $1 AND tx_id >= $2::text::xid8 AND tx_id < $3::text::xid8
    AND ($4::text IS NULL OR starts_with(stream_id, $4))
-   AND ($5::text IS NULL OR data ->> 'owner' = $5)
+   AND ($5::text IS NULL OR data ->> 'owner' = $5 OR data ->> 'from_owner' = $5)
    AND ($6::text IS NULL OR event_type = $6)
    AND ($7::text IS NULL OR stream_id = 'saga/' || $7 OR metadata ->> 'saga_id' = $7)
  ORDER BY position
@@ -90,7 +90,7 @@ class Filter:
     def matches(self, event: TailEvent) -> bool:
         return (
             (self.prefix is None or event.stream.startswith(self.prefix))
-            and (self.owner is None or event.owner == self.owner)
+            and (self.owner is None or self.owner in (event.owner, event.giver))
             and (self.type is None or event.type == self.type)
             and (self.saga is None or event.stream == f"saga/{self.saga}" or event.saga_id == self.saga)
         )
@@ -103,6 +103,7 @@ class TailEvent:
     stream: str
     type: str
     owner: str | None
+    giver: str | None  # a hand-off's from_owner: an owner filter matches the giver too
     saga_id: str | None
     line: str  # the NDJSON export line's object, as PostgreSQL wrote it
 
@@ -145,7 +146,14 @@ def parse_cursor(text: str) -> tuple[int, Cursor | None]:
 
 def _event(r: Any) -> TailEvent:
     return TailEvent(
-        r["position"], r["tx"], r["stream_id"], r["event_type"], r["owner"], r["saga_id"], r["line"]
+        r["position"],
+        r["tx"],
+        r["stream_id"],
+        r["event_type"],
+        r["owner"],
+        r["giver"],
+        r["saga_id"],
+        r["line"],
     )
 
 

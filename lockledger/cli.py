@@ -307,6 +307,8 @@ def _event(kind: str, data: dict[str, Any], recorded_at: datetime) -> Text:
             lines += [f"deadline {_clock(utc, dated)} UTC", f"({_clock(local, dated)} {local:%Z})"]
     if (reason := data.get("reason")) is not None:
         lines.append(f"reason: {reason}")
+    if (giver := data.get("from_owner")) is not None:  # a hand-off: the lease it ended
+        lines.append(f"handed off by {giver} (token {data.get('from_token')})")
     for line in lines:
         text.append(f"\n{line}", style="dim")
     return text

@@ -16,6 +16,11 @@ default 10 %) absorbs clock-rate drift and the time your code needs to notice.
 Renewals run every ``ttl / 3``: two consecutive failures still leave a third chance before the deadline.
 On exit the lease is released; once it was lost, the release is best effort and its errors are swallowed
 (the lease ends on its own, and raising would hide the caller's own exception).
+
+Hand-off (docs/decisions/0047-lease-hand-off.md): ``lease.hand_off(to)`` stops the heartbeats and passes
+the lease to the agent ``to``; the lease is then over for this agent (``lost`` is set, ``on_lost`` is not
+called, nothing is released at exit). The receiver's ``client.accept_lock(resource)`` is a managed lease
+that begins with the acceptance instead of an acquire.
 """
 
 from __future__ import annotations
@@ -28,12 +33,19 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Protocol, Self, runtime_checkable
 
 from lockledger.errors import LeaseExpired, LockHeld, LockLost, NotHolder
-from lockledger.records import LeaseInfo
+from lockledger.records import HandedOff, LeaseInfo
 
-__all__ = ["AsyncLease", "AsyncLeaseCommands", "Lease", "LeaseCommands"]
+__all__ = [
+    "AsyncHandOffCommands",
+    "AsyncLease",
+    "AsyncLeaseCommands",
+    "HandOffCommands",
+    "Lease",
+    "LeaseCommands",
+]
 
 
 class AsyncLeaseCommands(Protocol):
@@ -64,6 +76,46 @@ class LeaseCommands(Protocol):
     ) -> LeaseInfo: ...
 
     def release(self, resource: str, owner: str | None, fencing_token: int) -> object: ...
+
+
+@runtime_checkable
+class AsyncHandOffCommands(AsyncLeaseCommands, Protocol):
+    """An ``AsyncClient``: what a lease needs to be handed off or to begin by accepting a hand-off."""
+
+    async def accept(
+        self, resource: str, owner: str | None = None, ttl: float | None = None
+    ) -> LeaseInfo: ...
+
+    async def handoff(
+        self,
+        resource: str,
+        owner: str | None,
+        fencing_token: int,
+        to: str,
+        accept_within: float | None = None,
+    ) -> HandedOff: ...
+
+
+@runtime_checkable
+class HandOffCommands(LeaseCommands, Protocol):
+    """A ``Client``: what a lease needs to be handed off or to begin by accepting a hand-off."""
+
+    def accept(self, resource: str, owner: str | None = None, ttl: float | None = None) -> LeaseInfo: ...
+
+    def handoff(
+        self,
+        resource: str,
+        owner: str | None,
+        fencing_token: int,
+        to: str,
+        accept_within: float | None = None,
+    ) -> HandedOff: ...
+
+
+def _handing(client: object) -> None:
+    """Refuse a hand-off, or an accepting lease, through a client that cannot send one (a saga step's)."""
+    if not isinstance(client, AsyncHandOffCommands | HandOffCommands):
+        raise TypeError(f"{type(client).__name__} cannot hand a lease off or accept one")
 
 
 log = logging.getLogger("lockledger.lease")
@@ -101,6 +153,7 @@ class _LeaseState:
         wait: float,
         on_lost: Callable[[LockLost], None] | None,
         safety_margin: float,
+        accepting: bool = False,
     ) -> None:
         if not ttl > 0 or not wait >= 0:  # NaN fails both
             raise ValueError("ttl must be > 0 and wait >= 0 (seconds)")
@@ -118,6 +171,8 @@ class _LeaseState:
         self.expires_at: datetime | None = None
         self.deadline = 0.0  # local monotonic deadline
         self.renewals = 0
+        self.accepting = accepting  # begin by accepting a hand-off, not by acquiring
+        self.handed_off: HandedOff | None = None  # this agent handed the lease on: it is over here
 
     @property
     def renew_interval(self) -> float:
@@ -170,8 +225,9 @@ class AsyncLease(_LeaseState):
         wait: float,
         on_lost: Callable[[LockLost], None] | None,
         safety_margin: float,
+        accepting: bool = False,
     ) -> None:
-        super().__init__(resource, owner, ttl, wait, on_lost, safety_margin)
+        super().__init__(resource, owner, ttl, wait, on_lost, safety_margin, accepting)
         self._client = client
         self.lost = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -188,6 +244,12 @@ class AsyncLease(_LeaseState):
             self._call_on_lost(error)
 
     async def _acquire(self) -> None:
+        if self.accepting:
+            client = self._client
+            assert isinstance(client, AsyncHandOffCommands)
+            sent_at = time.monotonic()
+            self._granted(await client.accept(self.resource, self.owner, self.ttl), sent_at)
+            return
         give_up_at = time.monotonic() + self.wait
         refusals = 0
         while True:
@@ -235,16 +297,47 @@ class AsyncLease(_LeaseState):
             await asyncio.sleep(remaining)
 
     async def __aenter__(self) -> Self:
+        if self.accepting:
+            _handing(self._client)
         await self._acquire()
-        self._tasks = [asyncio.create_task(self._renew_loop()), asyncio.create_task(self._watchdog())]
+        self._start()
         return self
+
+    def _start(self) -> None:
+        self._tasks = [asyncio.create_task(self._renew_loop()), asyncio.create_task(self._watchdog())]
+
+    async def _stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def hand_off(self, to: str, accept_within: float | None = None) -> HandedOff:
+        """Pass the lease to the agent ``to``, who must accept within ``accept_within`` seconds (the
+        server's default TTL if None). Heartbeats stop first; if the hand-off fails they resume (a
+        refusal that ends the lease marks it lost) and the error is raised."""
+        _handing(self._client)
+        self.check()
+        client = self._client
+        assert isinstance(client, AsyncHandOffCommands)
+        await self._stop()
+        try:
+            handed = await client.handoff(self.resource, self.owner, self.fencing_token, to, accept_within)
+        except (LeaseExpired, NotHolder) as error:
+            self._mark_lost(f"hand-off refused: {error.code}")
+            raise
+        except BaseException:
+            self._start()
+            raise
+        self.handed_off = handed
+        self.lost.set()  # over for this agent, by its own choice: no on_lost
+        return handed
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stop()
+        if self.handed_off is not None:
+            return  # the receiver holds it now: nothing of ours to release
         try:
             await self._client.release(self.resource, self.owner, self.fencing_token)
         except Exception as error:
@@ -268,8 +361,9 @@ class Lease(_LeaseState):
         wait: float,
         on_lost: Callable[[LockLost], None] | None,
         safety_margin: float,
+        accepting: bool = False,
     ) -> None:
-        super().__init__(resource, owner, ttl, wait, on_lost, safety_margin)
+        super().__init__(resource, owner, ttl, wait, on_lost, safety_margin, accepting)
         self._client = client
         self.lost = threading.Event()
         self._stop = threading.Event()
@@ -289,6 +383,12 @@ class Lease(_LeaseState):
             self._call_on_lost(error)
 
     def _acquire(self) -> None:
+        if self.accepting:
+            client = self._client
+            assert isinstance(client, HandOffCommands)
+            sent_at = time.monotonic()
+            self._granted(client.accept(self.resource, self.owner, self.ttl), sent_at)
+            return
         give_up_at = time.monotonic() + self.wait
         refusals = 0
         while True:
@@ -336,21 +436,54 @@ class Lease(_LeaseState):
                 return
 
     def __enter__(self) -> Self:
+        if self.accepting:
+            _handing(self._client)
         self._acquire()
+        self._start()
+        return self
+
+    def _start(self) -> None:
+        self._stop.clear()
         self._threads = [
             threading.Thread(target=self._renew_loop, name=f"lockledger-renew-{self.resource}", daemon=True),
             threading.Thread(target=self._watchdog, name=f"lockledger-watchdog-{self.resource}", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
-        return self
+
+    def _halt(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=self._client.retry_timeout + 1)
+
+    def hand_off(self, to: str, accept_within: float | None = None) -> HandedOff:
+        """Pass the lease to the agent ``to``, who must accept within ``accept_within`` seconds (the
+        server's default TTL if None). Heartbeats stop first; if the hand-off fails they resume (a
+        refusal that ends the lease marks it lost) and the error is raised."""
+        _handing(self._client)
+        self.check()
+        client = self._client
+        assert isinstance(client, HandOffCommands)
+        self._halt()
+        try:
+            handed = client.handoff(self.resource, self.owner, self.fencing_token, to, accept_within)
+        except (LeaseExpired, NotHolder) as error:
+            self._mark_lost(f"hand-off refused: {error.code}")
+            raise
+        except BaseException:
+            self._start()
+            raise
+        with self._lock:
+            self.handed_off = handed
+            self.lost.set()  # over for this agent, by its own choice: no on_lost
+        return handed
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=self._client.retry_timeout + 1)
+        self._halt()
+        if self.handed_off is not None:
+            return  # the receiver holds it now: nothing of ours to release
         try:
             self._client.release(self.resource, self.owner, self.fencing_token)
         except Exception as error:

@@ -13,7 +13,7 @@ from typing import Any
 from lockledger.errors import parse_datetime
 from lockledger.event import Event, required_datetime
 
-__all__ = ["ForceReleased", "History", "LeaseInfo", "LockInfo", "LockPage", "Released", "Reply"]
+__all__ = ["ForceReleased", "HandedOff", "History", "LeaseInfo", "LockInfo", "LockPage", "Released", "Reply"]
 
 
 def _seconds(ms: Any) -> float:
@@ -44,6 +44,27 @@ class LeaseInfo:
         return cls(
             d["resource"], d["owner"], int(d["fencing_token"]), required_datetime(d["expires_at"]),
             _seconds(d["ttl_ms"]),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HandedOff:
+    """A hand-off: ``owner`` holds the lease from now on with ``fencing_token`` and must accept it before
+    ``expires_at`` (``accept_within`` seconds after the hand-off); the giver's ``from_token`` is over."""
+
+    resource: str
+    owner: str
+    fencing_token: int
+    expires_at: datetime
+    accept_within: float
+    from_owner: str
+    from_token: int
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> HandedOff:
+        return cls(
+            d["resource"], d["owner"], int(d["fencing_token"]), required_datetime(d["expires_at"]),
+            _seconds(d["accept_within_ms"]), d["from_owner"], int(d["from_token"]),
         )  # fmt: skip
 
 
@@ -79,7 +100,8 @@ class ForceReleased:
 @dataclass(frozen=True)
 class LockInfo:
     """A lock's projected state: ``status`` is ``held``, ``free`` or ``expired`` (lapsed, not yet reaped);
-    ``ttl`` is the last grant's lease length in seconds."""
+    ``ttl`` is the last grant's lease length in seconds; ``handed_off_by`` the giver of a hand-off the
+    holder has not yet accepted or declined."""
 
     resource: str
     status: str
@@ -91,6 +113,7 @@ class LockInfo:
     updated_at: datetime
     version: int
     ended_by: str | None
+    handed_off_by: str | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LockInfo:
@@ -99,6 +122,7 @@ class LockInfo:
             None if d.get("ttl_ms") is None else _seconds(d["ttl_ms"]),
             parse_datetime(d.get("expires_at")), parse_datetime(d.get("acquired_at")),
             required_datetime(d["updated_at"]), int(d["version"]), d.get("ended_by"),
+            d.get("handed_off_by"),
         )  # fmt: skip
 
 

@@ -98,6 +98,14 @@ def release_body(owner: str | None, fencing_token: int) -> dict[str, Any]:
     return {**owner_field(owner), "fencing_token": fencing_token}
 
 
+def handoff_body(
+    owner: str | None, fencing_token: int, to: str, accept_within: float | None
+) -> dict[str, Any]:
+    """A hand-off to ``to``; without ``accept_within`` the server gives its default TTL to accept."""
+    within = {} if accept_within is None else {"accept_within_ms": ms("accept_within", accept_within)}
+    return {**owner_field(owner), "fencing_token": fencing_token, "to": check_owner(to), **within}
+
+
 def locks_query(
     holder: str | None,
     prefix: str | None,

@@ -1,10 +1,12 @@
 """agent_stats: per agent and zone, how many leases it took, how long it held them, how many lapsed.
 
 A zone is a resource's name up to its last ``:`` (``zone:A3:bay4`` is in ``zone:A3``, ``pallet:42`` in
-``pallet``; a name without ``:`` is its own zone). Each ``LOCK_ACQUIRED`` counts a hold; each ending
-(``LOCK_RELEASED``, ``LOCK_EXPIRED``, ``LOCK_FORCE_RELEASED``) counts an ended lease and adds its
-holding time, from its acquire to the earlier of the ending's record and the deadline it knew (a lease
-that lapsed ended at its deadline, whenever the reaper recorded it); ``LOCK_EXPIRED`` also counts a lapse.
+``pallet``; a name without ``:`` is its own zone). Each lease begun (``LOCK_ACQUIRED``, or
+``LOCK_HANDED_OFF`` for its receiver) counts a hold; each ending (``LOCK_RELEASED``, ``LOCK_EXPIRED``,
+``LOCK_FORCE_RELEASED``, or ``LOCK_HANDED_OFF`` for its giver) counts an ended lease and adds its
+holding time, from the lease's start to the earlier of the ending's record and the deadline it knew (a
+lease that lapsed ended at its deadline, whenever the reaper recorded it); ``LOCK_EXPIRED`` also counts
+a lapse.
 Refused acquires ("conflicts") are not in the log, so they are not counted here.
 
 The counters are sums, so they are kept exactly once by the projector's checkpoint, which moves in the
@@ -18,7 +20,14 @@ from dataclasses import dataclass
 
 from sqlalchemy import BigInteger, Column, Table, Text
 
-from domain.events import DEADLINE_FIELD, LOCK_ACQUIRED, LOCK_EXPIRED, LOCK_FORCE_RELEASED, LOCK_RELEASED
+from domain.events import (
+    DEADLINE_FIELD,
+    LEASE_STARTS,
+    LOCK_EXPIRED,
+    LOCK_FORCE_RELEASED,
+    LOCK_HANDED_OFF,
+    LOCK_RELEASED,
+)
 from eventstore.connection import Connection
 from eventstore.payloads import payload_field_sql
 from eventstore.schema import metadata
@@ -39,25 +48,37 @@ agent_stats = Table(
 )
 
 _ENDINGS = f"'{LOCK_RELEASED}', '{LOCK_EXPIRED}', '{LOCK_FORCE_RELEASED}'"
-# Each event's contribution, summed per (owner, zone); ``{events}`` is a query of events rows.
+_STARTS = ", ".join(f"'{name}'" for name in sorted(LEASE_STARTS))
+# Each event's contribution, summed per (owner, zone); ``{events}`` is a query of events rows. A share is
+# one owner's part of an event: a hand-off has two, the receiver's hold and the giver's ended lease.
 _ADD = f"""
+WITH e AS ({{events}}),
+share AS (
+    SELECT e.data ->> 'owner' AS owner, e.stream_id, e.event_type IN ({_STARTS}) AS starts,
+           e.event_type IN ({_ENDINGS}) AS ends, {payload_field_sql("e.data", "fencing_token")} AS token,
+           least(e.recorded_at, {payload_field_sql("e.data", DEADLINE_FIELD)}) AS ended_at,
+           e.event_type = '{LOCK_EXPIRED}' AS lapse
+      FROM e WHERE e.event_type IN ({_STARTS}, {_ENDINGS})
+    UNION ALL
+    SELECT e.data ->> 'from_owner', e.stream_id, false, true, {payload_field_sql("e.data", "from_token")},
+           e.recorded_at, false
+      FROM e WHERE e.event_type = '{LOCK_HANDED_OFF}'
+)
 INSERT INTO {{table}} AS s (owner, zone, holds, ended, held_ms, lapses)
-SELECT e.data ->> 'owner',
-       CASE WHEN strpos(e.stream_id, ':') > 0 THEN regexp_replace(e.stream_id, ':[^:]*$', '')
-            ELSE e.stream_id END,
-       count(*) FILTER (WHERE e.event_type = '{LOCK_ACQUIRED}'),
-       count(*) FILTER (WHERE e.event_type IN ({_ENDINGS})),
-       coalesce(sum(floor(extract(epoch FROM
-           least(e.recorded_at, {payload_field_sql("e.data", DEADLINE_FIELD)}) - a.recorded_at) * 1000))
-           FILTER (WHERE e.event_type IN ({_ENDINGS})), 0)::bigint,
-       count(*) FILTER (WHERE e.event_type = '{LOCK_EXPIRED}')
-  FROM ({{events}}) AS e
-  LEFT JOIN LATERAL (
+SELECT x.owner,
+       CASE WHEN strpos(x.stream_id, ':') > 0 THEN regexp_replace(x.stream_id, ':[^:]*$', '')
+            ELSE x.stream_id END,
+       count(*) FILTER (WHERE x.starts),
+       count(*) FILTER (WHERE x.ends),
+       coalesce(sum(floor(extract(epoch FROM x.ended_at - a.recorded_at) * 1000)) FILTER (WHERE x.ends),
+                0)::bigint,
+       count(*) FILTER (WHERE x.lapse)
+  FROM share AS x
+  LEFT JOIN LATERAL (  -- the start of the lease that ended: its acquire or hand-off
         SELECT a.recorded_at FROM events a
-         WHERE a.stream_id = e.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
-           AND (a.data ->> 'fencing_token')::bigint = {payload_field_sql("e.data", "fencing_token")}
-         LIMIT 1) AS a ON e.event_type IN ({_ENDINGS})
- WHERE e.event_type IN ('{LOCK_ACQUIRED}', {_ENDINGS})
+         WHERE a.stream_id = x.stream_id AND a.event_type IN ({_STARTS})
+           AND (a.data ->> 'fencing_token')::bigint = x.token
+         LIMIT 1) AS a ON x.ends
  GROUP BY 1, 2
     ON CONFLICT (owner, zone) DO UPDATE
    SET holds = s.holds + excluded.holds, ended = s.ended + excluded.ended,

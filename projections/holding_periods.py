@@ -1,14 +1,15 @@
 """holding_periods: the spans over which each lease was held, projected from the log, for replay.
 
-A row per grant (``LOCK_ACQUIRED`` or ``LOCK_RENEWED``): a lease is the rows of one ``(resource,
-fencing_token)``, one per deadline it had. A row's validity is ``[granted_at, least(expires_at,
-ended_at))``: from its grant until its deadline passes or the stream's next event (a renewal, release,
-expiry or force-release, ``ended_by``) is recorded, whichever comes first. The deadline passing ends the
+A row per grant (``LOCK_ACQUIRED``, ``LOCK_RENEWED`` or ``LOCK_HANDED_OFF``): a lease is the rows of one
+``(resource, fencing_token)``, one per deadline it had; a hand-off's row is the first of the receiver's
+lease. A row's validity is ``[granted_at, least(expires_at, ended_at))``: from its grant until its
+deadline passes or the stream's next event (a renewal, release, expiry, force-release or hand-off,
+``ended_by``) is recorded, whichever comes first. The deadline passing ends the
 lease with no ``LOCK_EXPIRED`` recorded yet, as in the decider. At most one row of a stream is valid at
 any instant, and it is the one replay's log path finds (``projections/replay.py``): the newest grant whose
 span contains T, nothing recorded after it by T. So the leases live at T are one GiST scan for
-``valid @> T``, with the deadline as known at T and the lease's acquire (when, which saga step), as the
-log path returns them.
+``valid @> T``, with the deadline as known at T and the lease's start, its acquire or hand-off (when,
+which saga step), as the log path returns them.
 
 Every row is a function of the log alone (the grant, the next event when committed, the lease's
 acquire), recomputed for the grants an event touches (its own, and the one before it in its stream):
@@ -20,7 +21,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, Computed, Index, Table, Text
 from sqlalchemy.dialects.postgresql import TIMESTAMP, TSTZRANGE
 
-from domain.events import DEADLINE_FIELD, LOCK_ACQUIRED
+from domain.events import DEADLINE_FIELD, LEASE_STARTS
 from eventstore.connection import Connection
 from eventstore.payloads import is_granting_sql, payload_field_sql
 from eventstore.schema import metadata
@@ -28,6 +29,7 @@ from eventstore.tail import EventKey
 from projections.projector import Projection, versions
 
 NAME = "holding_periods"
+_STARTS = ", ".join(f"'{name}'" for name in sorted(LEASE_STARTS))
 VALIDITY = "tstzrange(granted_at, greatest(granted_at, least(expires_at, ended_at)))"
 
 holding_periods = Table(
@@ -58,9 +60,9 @@ SELECT g.stream_id, g.stream_version, g.data ->> 'owner', {payload_field_sql("g.
        g.recorded_at, {payload_field_sql("g.data", DEADLINE_FIELD)}, n.recorded_at, n.event_type
   FROM ({{keys}}) AS k (stream_id, version)
   JOIN events g ON g.stream_id = k.stream_id AND g.stream_version = k.version
-  LEFT JOIN LATERAL (  -- the acquire that began the lease, found as replay's log path finds it
+  LEFT JOIN LATERAL (  -- the acquire or hand-off that began the lease, as replay's log path finds it
         SELECT a.recorded_at, a.metadata FROM events a
-         WHERE a.stream_id = g.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
+         WHERE a.stream_id = g.stream_id AND a.event_type IN ({_STARTS})
            AND (a.data ->> 'fencing_token')::bigint = {payload_field_sql("g.data", "fencing_token")}
          LIMIT 1) AS a ON true
   LEFT JOIN LATERAL (
@@ -76,7 +78,7 @@ SELECT g.stream_id, g.stream_version, g.data ->> 'owner', {payload_field_sql("g.
 _TOUCHED = """SELECT DISTINCT s, v FROM unnest($1::text[], $2::bigint[]) AS e (s, w),
                      LATERAL (VALUES (e.w), (e.w - 1)) AS t (v)"""
 # Every grant of transactions below $1, in one pass over the log: each stream's events in version order
-# give each grant its next event, and a hash join its lease's acquire (the same rows as _UPSERT's).
+# give each grant its next event, and a hash join its lease's start (the same rows as _UPSERT's).
 # Written in time order, as the projector writes them, so the leases live at an instant share a few
 # pages: the fleet at T reads hundreds of pages, not one per lease.
 _BUILD = f"""
@@ -91,7 +93,7 @@ SELECT g.stream_id, g.stream_version, g.data ->> 'owner', g.fencing_token,
           FROM events WINDOW w AS (PARTITION BY stream_id ORDER BY stream_version)) AS g
   LEFT JOIN (SELECT DISTINCT ON (stream_id, fencing_token) stream_id, recorded_at, metadata,
                     {payload_field_sql("data", "fencing_token")} AS fencing_token
-               FROM events WHERE event_type = '{LOCK_ACQUIRED}'
+               FROM events WHERE event_type IN ({_STARTS})
               ORDER BY stream_id, fencing_token, stream_version) AS a USING (stream_id, fencing_token)
  WHERE {is_granting_sql("g.event_type")} AND g.tx_id < $1::text::xid8
  ORDER BY g.recorded_at

@@ -20,15 +20,15 @@ def live_sql(expires_at: str, now: str) -> str:
 
 # The projection's writes, as parts of the command statement (service/lock_store.py), which runs them in
 # the same transaction as the append. They read the relation of plans ``planned`` (columns resource,
-# expected, n_events, status, owner, token, ttl, new_expires_at, ended_by, acquires, require_live, ts,
-# metadata)
+# expected, n_events, status, owner, token, ttl, new_expires_at, ended_by, acquires (the plan begins a
+# lease: an acquire or a hand-off), handed_off_by, require_live, ts, metadata)
 # and touch lock_state only by key, so their plans stay index probes whatever the table held when they
 # were prepared (tests/storage/test_statement_plans.py).
 
 
-# The saga a lease was acquired in: the acquire's X-Saga-ID and X-Saga-Step, from the plan's metadata
-# (service/lock_service.py). Kept, like acquired_at, until the next acquire; rebuild reads the same
-# keys from the last LOCK_ACQUIRED's metadata, and the queries show them while the lease is live.
+# The saga a lease was acquired in: the acquire's (or hand-off's) X-Saga-ID and X-Saga-Step, from the
+# plan's metadata (service/lock_service.py). Kept, like acquired_at, until the next lease begins; rebuild
+# reads the same keys from the last lease start's metadata, and the queries show them while it is live.
 _SAGA_OF_ACQUIRE = (
     "CASE WHEN acquires THEN metadata ->> 'saga_id' END, CASE WHEN acquires THEN metadata ->> 'saga_step' END"
 )
@@ -53,9 +53,9 @@ def create_heads_sql(planned: str) -> str:
     waits for the primary key, then loses (no row returned). Yields ``resource``."""
     return f"""
     INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at,
-                            ended_by, acquired_at, updated_at, saga_id, saga_step)
+                            ended_by, acquired_at, updated_at, saga_id, saga_step, handed_off_by)
     SELECT resource, n_events, status, owner, token, ttl, new_expires_at, ended_by,
-           CASE WHEN acquires THEN ts END, ts, {_SAGA_OF_ACQUIRE}
+           CASE WHEN acquires THEN ts END, ts, {_SAGA_OF_ACQUIRE}, handed_off_by
       FROM {planned}
      WHERE expected = 0 AND NOT require_live
      ORDER BY resource
@@ -67,9 +67,9 @@ def advance_heads_sql(ok: str) -> str:
     """Move each existing stream's head among ``ok`` (plans that passed their checks) to its new state."""
     return f"""
     INSERT INTO lock_state AS s (resource, version, status, owner, fencing_token, ttl_ms, expires_at,
-                                 ended_by, acquired_at, updated_at, saga_id, saga_step)
+                                 ended_by, acquired_at, updated_at, saga_id, saga_step, handed_off_by)
     SELECT resource, expected + n_events, status, owner, token, ttl, new_expires_at, ended_by,
-           CASE WHEN acquires THEN ts END, ts, {_SAGA_OF_ACQUIRE}
+           CASE WHEN acquires THEN ts END, ts, {_SAGA_OF_ACQUIRE}, handed_off_by
       FROM {ok}
      WHERE expected > 0
      ORDER BY resource
@@ -79,13 +79,14 @@ def advance_heads_sql(ok: str) -> str:
            expires_at = excluded.expires_at, ended_by = excluded.ended_by,
            acquired_at = coalesce(excluded.acquired_at, s.acquired_at), updated_at = excluded.updated_at,
            saga_id = CASE WHEN excluded.acquired_at IS NULL THEN s.saga_id ELSE excluded.saga_id END,
-           saga_step = CASE WHEN excluded.acquired_at IS NULL THEN s.saga_step ELSE excluded.saga_step END
+           saga_step = CASE WHEN excluded.acquired_at IS NULL THEN s.saga_step ELSE excluded.saga_step END,
+           handed_off_by = excluded.handed_off_by
  RETURNING 1"""
 
 
 def read_head_sql(resource: str) -> str:
     """The head row of ``resource`` (a text expression), looked up by key: at most one row."""
     return f"""
-        SELECT version, status, owner, fencing_token, ttl_ms, expires_at, ended_by
+        SELECT version, status, owner, fencing_token, ttl_ms, expires_at, ended_by, handed_off_by
           FROM lock_state WHERE resource = {resource}
          LIMIT 1"""

@@ -32,6 +32,7 @@ class LockView:
     ended_by: str | None
     saga_id: str | None = None  # the saga the live lease was acquired in (X-Saga-ID); None otherwise
     saga_step: str | None = None
+    handed_off_by: str | None = None  # the giver of a hand-off the live holder has not yet taken up
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +48,7 @@ class LockView:
             "ended_by": self.ended_by,
             "saga_id": self.saga_id,
             "saga_step": self.saga_step,
+            "handed_off_by": self.handed_off_by,
         }
 
 
@@ -68,6 +70,7 @@ def _view(row: asyncpg.Record, now: datetime) -> LockView:
         # lock_state keeps the saga of the last acquire after the lease ends: shown for a live lease only.
         saga_id=row["saga_id"] if status == "held" else None,
         saga_step=row["saga_step"] if status == "held" else None,
+        handed_off_by=row["handed_off_by"] if status == "held" else None,
     )
 
 

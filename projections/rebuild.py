@@ -3,14 +3,16 @@ replay reads.
 
 The rebuilt table must equal the inline one row for row (tests/storage/test_rebuild.py proves it after
 a random workload). Each row is what ``domain.decider.evolve`` makes of the stream's last event (its
-payload read through ``eventstore/payloads.py``), with the lease length of the last grant. It runs
+payload read through ``eventstore/payloads.py``), with the lease length of the last grant, when and for
+which saga step the lease began (its acquire or hand-off), and the giver of a hand-off still awaiting
+acceptance: the last event but outage extensions (which leave that mark alone) is the hand-off. It runs
 set-wise in SQL under an EXCLUSIVE lock on lock_state, which every command and the reaper need (they
 lock a lock_state row first), so the log cannot move while it runs.
 """
 
 from __future__ import annotations
 
-from domain.events import DEADLINE_FIELD, LOCK_ACQUIRED, PAYLOAD_FIELDS
+from domain.events import DEADLINE_FIELD, LEASE_STARTS, LOCK_HANDED_OFF, LOCK_RENEWED, PAYLOAD_FIELDS
 from eventstore.connection import Connection
 from eventstore.payloads import is_granting_sql, payload_field_sql
 from projections.saga_state import rebuild_saga_state
@@ -18,10 +20,13 @@ from projections.saga_state import rebuild_saga_state
 _LAST_DATA = "last.data"
 # Saga streams (saga:<id>) share the events table; lock_state holds the lock streams alone.
 _IS_LOCK_EVENT = f"event_type IN ({', '.join(repr(name) for name in sorted(PAYLOAD_FIELDS))})"
+_STARTS_LEASE = f"event_type IN ({', '.join(repr(name) for name in sorted(LEASE_STARTS))})"
+# The outage extension's LOCK_RENEWED (service/outage.py): not the holder's doing.
+_EXTENSION = f"(event_type = '{LOCK_RENEWED}' AND metadata ->> 'command' = 'extend')"
 
 REBUILD_SQL = f"""
 INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at, ended_by,
-                        acquired_at, updated_at, saga_id, saga_step)
+                        acquired_at, updated_at, saga_id, saga_step, handed_off_by)
 SELECT last.stream_id,
        last.stream_version,
        CASE WHEN {is_granting_sql("last.event_type")} THEN 'held' ELSE 'free' END,
@@ -33,15 +38,20 @@ SELECT last.stream_id,
        acquired.recorded_at,
        last.recorded_at,
        acquired.metadata ->> 'saga_id',
-       acquired.metadata ->> 'saga_step'
+       acquired.metadata ->> 'saga_step',
+       CASE WHEN {is_granting_sql("last.event_type")} AND taken.event_type = '{LOCK_HANDED_OFF}'
+            THEN {payload_field_sql("taken.data", "from_owner")} END
   FROM (SELECT DISTINCT ON (stream_id) stream_id, stream_version, event_type, data, recorded_at
           FROM events WHERE {_IS_LOCK_EVENT} ORDER BY stream_id, stream_version DESC) AS last
   LEFT JOIN (SELECT DISTINCT ON (stream_id) stream_id, {payload_field_sql("data", "ttl_ms")} AS ttl_ms
                FROM events WHERE {is_granting_sql("event_type")}
               ORDER BY stream_id, stream_version DESC) AS grant_ USING (stream_id)
   LEFT JOIN (SELECT DISTINCT ON (stream_id) stream_id, recorded_at, metadata
-               FROM events WHERE event_type = '{LOCK_ACQUIRED}'
+               FROM events WHERE {_STARTS_LEASE}
               ORDER BY stream_id, stream_version DESC) AS acquired USING (stream_id)
+  LEFT JOIN (SELECT DISTINCT ON (stream_id) stream_id, event_type, data
+               FROM events WHERE {_IS_LOCK_EVENT} AND NOT {_EXTENSION}
+              ORDER BY stream_id, stream_version DESC) AS taken USING (stream_id)
 """
 
 
@@ -60,7 +70,12 @@ async def rebuild_lock_state(conn: Connection) -> int:
     return int(status.split()[-1])
 
 
-REPLAY_INDEXES = ("events_lease_span_idx", "events_owner_idx", "events_lease_start_idx")
+REPLAY_INDEXES = (
+    "events_lease_span_idx",
+    "events_owner_idx",
+    "events_lease_start_idx",
+    "events_from_owner_idx",
+)
 
 
 async def rebuild_replay_indexes(conn: Connection) -> tuple[str, ...]:

@@ -3,10 +3,13 @@
 Everything here can be answered from the events table alone, through indexes derived from it
 (migration 0005):
 
-- A grant (``LOCK_ACQUIRED`` or ``LOCK_RENEWED``) keeps its lease over ``[recorded_at, deadline)`` unless
-  the stream's next event ends or renews it sooner. So the leases live at T are the grants whose span
-  contains T (a GiST index on that span) and whose stream has no later event recorded at or before T. The
-  deadline passing ends a lease whether or not its ``LOCK_EXPIRED`` was recorded yet, as in the decider.
+- A grant (``LOCK_ACQUIRED``, ``LOCK_RENEWED`` or ``LOCK_HANDED_OFF``) keeps its lease over
+  ``[recorded_at, deadline)`` unless the stream's next event ends, renews or hands it off sooner. A
+  hand-off is the next event of the giver's last grant and the first grant of the receiver's lease, so
+  at its instant the one lease ends and the other is live: never none, never both. So the leases live at
+  T are the grants whose span contains T (a GiST index on that span) and whose stream has no later event
+  recorded at or before T. The deadline passing ends a lease whether or not its ``LOCK_EXPIRED`` was
+  recorded yet, as in the decider.
 - Within a stream, events are recorded in version order (each append locks the stream's head and reads
   the clock after), which is what lets "the next event" be the one at version + 1.
 
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from domain.events import GRANTING_EVENTS, LOCK_ACQUIRED
+from domain.events import GRANTING_EVENTS, LEASE_STARTS, LOCK_HANDED_OFF
 from domain.timestamps import format_timestamp
 from eventstore.connection import Connection
 from eventstore.payloads import timestamp_text_sql
@@ -35,6 +38,7 @@ from projections.holding_periods import HOLDING_PERIODS
 LEASE_LAPSED = "LEASE_LAPSED"  # a change with no event: a deadline passed and nothing was recorded yet
 
 _GRANTS = ", ".join(f"'{name}'" for name in sorted(GRANTING_EVENTS))
+_STARTS = ", ".join(f"'{name}'" for name in sorted(LEASE_STARTS))
 _SPAN = "tstzrange(g.recorded_at, event_deadline(g.data))"  # as indexed by events_lease_span_idx
 
 
@@ -46,9 +50,13 @@ def _no_event_after(grant: str, instant: str) -> str:
            AND n.recorded_at <= {instant})"""
 
 
-def _filters(alias: str, prefix: str, owner: str) -> str:
+def _filters(alias: str, prefix: str, owner: str, *, giver: bool = False) -> str:
+    """SQL: the event ``alias`` is on a stream starting with ``prefix`` and names ``owner`` (each NULL:
+    any): as its holder, or with ``giver``, also as the giver of a hand-off (``from_owner``), so an
+    agent's changes and export show the hand-offs it gave; a lease held is filtered by its holder alone."""
+    gave = f" OR {alias}.data ->> 'from_owner' = {owner}" if giver else ""
     return f"""({prefix}::text IS NULL OR starts_with({alias}.stream_id, {prefix}))
-       AND ({owner}::text IS NULL OR {alias}.data ->> 'owner' = {owner})"""
+       AND ({owner}::text IS NULL OR {alias}.data ->> 'owner' = {owner}{gave})"""
 
 
 # The answer at $1 in one statement, and so one snapshot: the clock (a future instant is refused), the
@@ -97,9 +105,9 @@ STATE_SQL = _answer(f"""
                AND {_filters("c", "$2", "$3")}
                AND ($4::text IS NULL OR c.stream_id > $4)
              ORDER BY c.stream_id, c.stream_version DESC) AS g
-      LEFT JOIN LATERAL (  -- the acquire that began the lease: when, and for which saga step
+      LEFT JOIN LATERAL (  -- the acquire or hand-off that began the lease: when, for which saga step
             SELECT a.recorded_at, a.metadata FROM events a
-             WHERE a.stream_id = g.stream_id AND a.event_type = '{LOCK_ACQUIRED}'
+             WHERE a.stream_id = g.stream_id AND a.event_type IN ({_STARTS})
                AND (a.data ->> 'fencing_token')::bigint = g.fencing_token
              LIMIT 1) AS a ON true
      WHERE {_no_event_after("g", "$1")}
@@ -197,7 +205,7 @@ SELECT * FROM (
            (e.data ->> 'fencing_token')::bigint AS fencing_token, e.position, e.stream_version AS version,
            e.data::text AS data, e.position AS sort_position
       FROM events e
-     WHERE e.recorded_at > $1 AND e.recorded_at <= $2 AND {_filters("e", "$3", "$4")}
+     WHERE e.recorded_at > $1 AND e.recorded_at <= $2 AND {_filters("e", "$3", "$4", giver=True)}
     UNION ALL
     SELECT event_deadline(g.data), '{LEASE_LAPSED}', g.stream_id, g.data ->> 'owner',
            (g.data ->> 'fencing_token')::bigint, NULL, NULL, g.data::text, 9223372036854775807
@@ -303,10 +311,17 @@ SELECT {_EVENT_COLUMNS} FROM events
  LIMIT $5
 """
 
+# The events naming the agent as holder (events_owner_idx) and the hand-offs it gave
+# (events_from_owner_idx), merged in position order.
+_AGENT_WINDOW = """position > $2
+   AND ($3::timestamptz IS NULL OR recorded_at >= $3) AND ($4::timestamptz IS NULL OR recorded_at < $4)"""
 AGENT_HISTORY_SQL = f"""
-SELECT {_EVENT_COLUMNS} FROM events
- WHERE data ->> 'owner' = $1 AND position > $2
-   AND ($3::timestamptz IS NULL OR recorded_at >= $3) AND ($4::timestamptz IS NULL OR recorded_at < $4)
+SELECT * FROM (
+    SELECT {_EVENT_COLUMNS} FROM events WHERE data ->> 'owner' = $1 AND {_AGENT_WINDOW}
+    UNION ALL
+    SELECT {_EVENT_COLUMNS} FROM events
+     WHERE event_type = '{LOCK_HANDED_OFF}' AND data ->> 'from_owner' = $1 AND {_AGENT_WINDOW}
+) AS agent
  ORDER BY position
  LIMIT $5
 """
@@ -335,7 +350,8 @@ async def agent_history(
     end: datetime | None = None,
     limit: int = 100,
 ) -> list[LoggedEvent]:
-    """One agent's events across every resource, in log order, recorded in ``[start, end)``."""
+    """One agent's events across every resource, in log order, recorded in ``[start, end)``: those it
+    held a lease by, and the hand-offs it gave."""
     rows = await conn.fetch(AGENT_HISTORY_SQL, owner, after_position, start, end, limit)
     return [_logged(row) for row in rows]
 
@@ -353,7 +369,7 @@ SELECT json_build_object(
  WHERE position > $1
    AND ($2::timestamptz IS NULL OR recorded_at >= $2) AND ($3::timestamptz IS NULL OR recorded_at < $3)
    AND ($4::text IS NULL OR event_type = $4)
-   AND {_filters("events", "$5", "$6")}
+   AND {_filters("events", "$5", "$6", giver=True)}
  ORDER BY position
 """
 

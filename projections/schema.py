@@ -34,6 +34,8 @@ lock_state = Table(
     # The saga the lease was acquired in (X-Saga-ID, X-Saga-Step of the acquire), like acquired_at.
     Column("saga_id", Text),
     Column("saga_step", Text),
+    # The giver of a hand-off the holder has not yet accepted or declined (migration 0014).
+    Column("handed_off_by", Text),
     CheckConstraint("status IN ('held', 'free')", name="lock_state_status_check"),
     # Dashboards: locks of one agent, leases expiring soon (also the reaper's scan), resources by prefix.
     Index("lock_state_owner_idx", "owner", postgresql_where=text("status = 'held'")),
@@ -72,4 +74,5 @@ def lock_state_from_row(resource: str, row: Row) -> LockState:
         ttl_ms=row["ttl_ms"],
         expires_at=row["expires_at"],
         ended_by=row["ended_by"],
+        handed_off_by=row["handed_off_by"],
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
+from domain.commands import Accept, Acquire, Command, Decline, Expire, ForceRelease, HandOff, Release, Renew
 from domain.decider import decide, fold
 from domain.errors import DomainError
 from domain.events import Event, LockForceReleased
@@ -45,6 +45,9 @@ _COMMAND_NAMES: dict[type[Command], tuple[str, str]] = {
     Release: ("release", "released"),
     ForceRelease: ("force_release", "force_released"),
     Expire: ("expire", "expired"),
+    HandOff: ("handoff", "handed_off"),
+    Accept: ("accept", "accepted"),
+    Decline: ("decline", "declined"),
 }
 _REFUSALS = ("lock_held", "not_holder", "lease_expired", "validation_error", "domain_error")
 
@@ -194,10 +197,11 @@ class LockService:
 def _remembered_if(command: Command) -> Status | None:
     """Which remembered state a command may be decided on without reading: only decisions that no clock
     but the store's can overturn. An acquire of a lock last seen free (or never seen); a renew or release
-    of a lease last seen held, which the commit refuses once the lease has lapsed by the store's clock."""
+    of a lease last seen held (renewed, released, handed off or taken up), which the commit refuses once
+    the lease has lapsed by the store's clock."""
     if isinstance(command, Acquire):
         return "free"
-    if isinstance(command, Renew | Release):
+    if isinstance(command, Renew | Release | HandOff | Accept | Decline):
         return "held"
     return None
 
@@ -213,9 +217,12 @@ def append_plan(
     """The append that carries out a decision; None when the decision changes nothing."""
     if not events:
         return None
-    # Renew, release and a force-release of a live lease stand only if the lease is still live when
-    # appended; otherwise decide again (it lapsed: lease_expired, or LOCK_EXPIRED).
-    ends_live_lease = isinstance(command, Renew | Release) or isinstance(events[-1], LockForceReleased)
+    # Renew, release, a hand-off, its acceptance or refusal, and a force-release of a live lease stand
+    # only if the lease is still live when appended; otherwise decide again (it lapsed: lease_expired, or
+    # LOCK_EXPIRED).
+    ends_live_lease = isinstance(command, Renew | Release | HandOff | Accept | Decline) or isinstance(
+        events[-1], LockForceReleased
+    )
     return AppendPlan(
         expected_version=state.version,
         events=events,
@@ -243,6 +250,17 @@ def _describe(command: Command) -> tuple[str, dict[str, Any]]:
         return "release", {"owner": command.owner, "fencing_token": command.fencing_token}
     if isinstance(command, ForceRelease):
         return "force-release", {"reason": command.reason}
+    if isinstance(command, HandOff):
+        return "handoff", {
+            "owner": command.owner,
+            "fencing_token": command.fencing_token,
+            "to": command.to,
+            "accept_within_ms": command.accept_within_ms,
+        }
+    if isinstance(command, Accept):
+        return "accept", {"owner": command.owner, "ttl_ms": command.ttl_ms}
+    if isinstance(command, Decline):
+        return "decline", {"owner": command.owner}
     assert isinstance(command, Expire)
     return "expire", {}
 

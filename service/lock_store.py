@@ -25,7 +25,7 @@ from typing import Any
 import asyncpg
 from pydantic_core import to_json
 
-from domain.events import DEADLINE_FIELD, GRANTING_EVENTS, LOCK_ACQUIRED, event_payload
+from domain.events import DEADLINE_FIELD, GRANTING_EVENTS, LEASE_STARTS, event_payload
 from eventstore.append import append_sql, event_rows
 from eventstore.connection import Connection
 from eventstore.payloads import deadline_sql, timestamp_text_sql
@@ -43,7 +43,7 @@ from service.ports import AppendPlan, Committed, Snapshot, StoredOutcome
 # never joined: see "Plans that stay index probes" above COMMIT_SQL.
 LOAD_SQL = f"""
 SELECT q.ord, clock_timestamp() AS db_now,
-       s.version, s.status, s.owner, s.fencing_token, s.ttl_ms, s.expires_at, s.ended_by,
+       s.version, s.status, s.owner, s.fencing_token, s.ttl_ms, s.expires_at, s.ended_by, s.handed_off_by,
        k.fingerprint, k.response::text AS response
   FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS q(resource, principal, key, ord)
   LEFT JOIN LATERAL ({read_head_sql("q.resource")}
@@ -103,7 +103,7 @@ WITH c AS (
         AS c(cmd bigint, resource text, expected bigint, require_live boolean, grant_ttl integer,
              n_events integer, status text, owner text, token bigint, ttl integer,
              ended_expires_at timestamptz, ended_by text, principal text, key text, fingerprint text,
-             response jsonb, metadata jsonb, acquires boolean)
+             response jsonb, metadata jsonb, acquires boolean, handed_off_by text)
 ),
 head AS ({lock_heads_sql("c")}
 ),
@@ -189,5 +189,6 @@ def _command_row(number: int, plan: AppendPlan) -> dict[str, Any]:
         "principal": plan.idempotency.principal, "key": plan.idempotency.key,
         "fingerprint": plan.idempotency.fingerprint.hex(),
         "response": plan.response, "metadata": plan.metadata,
-        "acquires": any(event.type == LOCK_ACQUIRED for event in plan.events),
+        "acquires": any(event.type in LEASE_STARTS for event in plan.events),
+        "handed_off_by": new.handed_off_by,
     }  # fmt: skip

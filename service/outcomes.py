@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from domain.commands import Acquire, Command, Release, Renew
-from domain.events import DEADLINE_FIELD, Event, LockForceReleased
+from domain.commands import Accept, Acquire, Command, Decline, HandOff, Release, Renew
+from domain.events import DEADLINE_FIELD, Event, LockForceReleased, LockHandedOff
 from domain.value import value
 
 
@@ -48,7 +48,21 @@ class ForceReleased:
     reason: str | None = None
 
 
-Outcome = Granted | Released | ForceReleased
+@value
+class HandedOff:
+    """A hand-off: the receiver's lease (its token, and the deadline by which it must accept) and the
+    giver's, which it ended."""
+
+    resource: str
+    owner: str
+    fencing_token: int
+    expires_at: datetime
+    accept_within_ms: int
+    from_owner: str
+    from_token: int
+
+
+Outcome = Granted | Released | ForceReleased | HandedOff
 
 
 @value
@@ -64,14 +78,23 @@ def answer_fields(command: Command, events: list[Event]) -> dict[str, Any]:
     if not events:  # only a force-release of a free lock decides nothing and still answers
         return {"resource": resource, "released": False, "owner": None, "fencing_token": None}
     last = events[-1]
-    if isinstance(command, Acquire | Renew):
+    if isinstance(last, LockHandedOff):
+        return {
+            "resource": resource,
+            "owner": last.owner,
+            "fencing_token": last.fencing_token,
+            "accept_within_ms": last.ttl_ms,
+            "from_owner": last.from_owner,
+            "from_token": last.from_token,
+        }
+    if isinstance(command, Acquire | Renew | Accept):
         return {
             "resource": resource,
             "owner": last.owner,
             "fencing_token": last.fencing_token,
             "ttl_ms": getattr(last, "ttl_ms", None),
         }
-    if isinstance(command, Release):
+    if isinstance(command, Release | Decline):
         return {
             "resource": resource,
             "owner": last.owner,
@@ -91,12 +114,17 @@ def answer_fields(command: Command, events: list[Event]) -> dict[str, Any]:
 def outcome_of(command: Command, fields: dict[str, Any], expires_at: datetime | None = None) -> Outcome:
     """The outcome of ``command`` from its answer's fields (a grant's deadline given, or parsed from a
     stored answer)."""
-    if isinstance(command, Acquire | Renew):
+    if isinstance(command, Acquire | Renew | Accept | HandOff):
         deadline = expires_at or datetime.fromisoformat(fields[DEADLINE_FIELD])
+        if isinstance(command, HandOff):
+            return HandedOff(
+                fields["resource"], fields["owner"], fields["fencing_token"], deadline,
+                fields["accept_within_ms"], fields["from_owner"], fields["from_token"],
+            )  # fmt: skip
         return Granted(
             fields["resource"], fields["owner"], fields["fencing_token"], deadline, fields["ttl_ms"]
         )
-    if isinstance(command, Release):
+    if isinstance(command, Release | Decline):
         return Released(fields["resource"], fields["owner"], fields["fencing_token"])
     return ForceReleased(
         fields["resource"],

@@ -60,7 +60,8 @@ appended AS (
 ),
 projected AS (
     UPDATE lock_state AS s
-       SET version = st.version + 1, status = 'free', ended_by = '{LOCK_EXPIRED}', updated_at = st.ts
+       SET version = st.version + 1, status = 'free', ended_by = '{LOCK_EXPIRED}', updated_at = st.ts,
+           handed_off_by = NULL
       FROM stamped AS st
      WHERE s.resource = st.resource
  RETURNING s.resource

@@ -156,17 +156,19 @@ function onEvent(event) {
   state.events.length = Math.min(state.events.length, MAX_EVENTS);
   if (event.type === "LOCK_ACQUIRED") bump(state.grants, Math.floor(at / 1000));
   if (event.type === "LOCK_EXPIRED") bump(state.expiries, Math.floor(at / 60_000));
-  if (event.type === "LOCK_ACQUIRED" || event.type === "LOCK_RENEWED") {
+  if (event.type === "LOCK_ACQUIRED" || event.type === "LOCK_RENEWED" || event.type === "LOCK_HANDED_OFF") {
     const data = event.data;
     const meta = event.metadata || {};
+    // A hand-off begins the receiver's lease: the giver's saga is not the receiver's.
+    const before = event.type === "LOCK_HANDED_OFF" ? null : state.locks.get(event.stream)?.lock;
     remember(event.stream, event.version, at, {
       resource: event.stream,
       owner: data.owner,
       fencing_token: data.fencing_token,
       expires_at: data.expires_at,
       ttl_ms: data.ttl_ms,
-      saga_id: meta.saga_id ?? state.locks.get(event.stream)?.lock?.saga_id ?? null,
-      saga_step: meta.saga_step ?? state.locks.get(event.stream)?.lock?.saga_step ?? null,
+      saga_id: meta.saga_id ?? before?.saga_id ?? null,
+      saga_step: meta.saga_step ?? before?.saga_step ?? null,
     });
   } else if (LOCK_ENDS.has(event.type)) {
     remember(event.stream, event.version, at, null);
@@ -516,6 +518,7 @@ const KINDS = [
   ["FORCE_RELEASED", "force_released"],
   ["ACQUIRED", "acquired"],
   ["RENEWED", "renewed"],
+  ["HANDED_OFF", "handed_off"],
   ["RELEASED", "released"],
   ["EXPIRED", "expired"],
   ["LAPSED", "lapsed"],

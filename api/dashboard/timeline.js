@@ -20,6 +20,8 @@ const ENDINGS = {
   LOCK_FORCE_RELEASED: "force-released",
 };
 const MARKED = new Set(["expired", "lapsed", "force-released"]);
+// The changes that begin a lease: an acquire, or a hand-off, which also ends the giver's ("handed-off").
+const STARTS = new Set(["LOCK_ACQUIRED", "LOCK_HANDED_OFF"]);
 
 // Leases by resource from the leases live at `from` and the changes after it, in time order; a lease
 // still held at `to` ends there ("held").
@@ -36,9 +38,10 @@ export function leasesOf(liveAtStart, changes, from, to) {
   for (const change of changes) {
     const at = Date.parse(change.at);
     let lease = open.get(change.resource);
-    if (change.type === "LOCK_ACQUIRED" || !lease) {
-      if (lease) [lease.end, lease.ending] = [at, "replaced"];
-      lease = begin(change.resource, change.owner, change.fencing_token, change.type === "LOCK_ACQUIRED" ? at : from, []);
+    const starts = STARTS.has(change.type);
+    if (starts || !lease) {
+      if (lease) [lease.end, lease.ending] = [at, change.type === "LOCK_HANDED_OFF" ? "handed-off" : "replaced"];
+      lease = begin(change.resource, change.owner, change.fencing_token, starts ? at : from, []);
     }
     lease.events.push(change);
     const ending = ENDINGS[change.type];

@@ -36,7 +36,16 @@ from lockledger.errors import LockLost
 from lockledger.event import Event
 from lockledger.feed import FeedOverflow, SseParser, feed_event
 from lockledger.lease import Lease
-from lockledger.records import ForceReleased, History, LeaseInfo, LockInfo, LockPage, Released, Reply
+from lockledger.records import (
+    ForceReleased,
+    HandedOff,
+    History,
+    LeaseInfo,
+    LockInfo,
+    LockPage,
+    Released,
+    Reply,
+)
 from lockledger.replay import AgentHistory, Change, Changes, ReplayLease, ReplayState, filters, time_range
 from lockledger.reservation import Reservation, ReservationInfo, leases_field
 from lockledger.saga import Saga, SagaDefinition, SagaView
@@ -180,6 +189,34 @@ class Client(wire.ClientCore):
         body = {**wire.owner_field(owner), "leases": leases_field(tokens)}
         path = f"/v1/reservations/{reservation_id}/release"
         return ReservationInfo.from_json(self._data("POST", path, json=body))
+
+    def handoff(
+        self,
+        resource: str,
+        owner: str | None,
+        fencing_token: int,
+        to: str,
+        accept_within: float | None = None,
+    ) -> HandedOff:
+        """Pass the live lease to the agent ``to`` in one step: ``to`` holds it at once with a higher
+        fencing token and must ``accept`` within ``accept_within`` seconds (the server's default TTL if
+        None); ``fencing_token`` is refused from now on."""
+        path = wire.lock_path(resource, "/handoff")
+        body = wire.handoff_body(owner, fencing_token, to, accept_within)
+        return HandedOff.from_json(self._data("POST", path, json=body))
+
+    def accept(self, resource: str, owner: str | None = None, ttl: float | None = None) -> LeaseInfo:
+        """Take up the lease handed to this agent: renewed for ``ttl`` seconds (the server's default if
+        None), its fencing token returned. Once per hand-off: ``NotHolder`` when none awaits this agent,
+        ``LeaseExpired`` once its deadline has passed. Renew it from then on, or use ``accept_lock``."""
+        path = wire.lock_path(resource, "/accept")
+        body = {**wire.owner_field(owner), **wire.ttl_field(ttl)}
+        return LeaseInfo.from_json(self._data("POST", path, json=body))
+
+    def decline(self, resource: str, owner: str | None = None) -> Released:
+        """Refuse the lease handed to this agent: it is released now."""
+        path = wire.lock_path(resource, "/decline")
+        return Released.from_json(self._data("POST", path, json=wire.owner_field(owner)))
 
     def force_release(self, resource: str, reason: str) -> ForceReleased:
         path = wire.lock_path(resource, "/force-release")
@@ -446,6 +483,21 @@ class Client(wire.ClientCore):
         return Reservation(
             self, checked, owner or self.agent_id, ttl, wait, reservation_id, on_lost, safety_margin
         )
+
+    def accept_lock(
+        self,
+        resource: str,
+        *,
+        owner: str | None = None,
+        ttl: float = 30.0,
+        on_lost: Callable[[LockLost], None] | None = None,
+        safety_margin: float = 0.1,
+    ) -> Lease:
+        """A managed lease taken up from a hand-off: ``with client.accept_lock("pallet:42") as
+        lease:`` accepts on entry (``NotHolder`` if no hand-off awaits), then renews and releases as
+        ``lock`` does."""
+        resource = wire.check_resource(resource)
+        return Lease(self, resource, owner or self.agent_id, ttl, 0.0, on_lost, safety_margin, True)
 
     def saga(
         self,

@@ -63,7 +63,7 @@ def test_lock_commands_and_saga_transitions_are_served_by_it() -> None:
     """Every POST under /v1/locks and /v1/sagas; none of the reads."""
     routes = [*commands.router.routes, *sagas.commands.routes, *sagas.router.routes]
     posts = [route for route in routes if "POST" in getattr(route, "methods", ())]
-    assert len(posts) == 4 + 10
+    assert len(posts) == 7 + 10  # acquire, renew, release, handoff, accept, decline, force-release
     assert all(isinstance(route, CommandRoute) for route in posts)
     assert not any(isinstance(route, CommandRoute) for route in sagas.router.routes)
 

@@ -21,6 +21,7 @@ from domain.events import (
     LockAcquired,
     LockExpired,
     LockForceReleased,
+    LockHandedOff,
     LockReleased,
     LockRenewed,
     event_from_payload,
@@ -531,6 +532,7 @@ ALL_EVENTS: list[Event] = [
     LockExpired(RES, "agent-1", 7, datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)),
     LockForceReleased(RES, "agent-1", 9, T0 + ms(1), 'robot powered off by hand: \u00e9\u00e8 "quoted"'),
     LockForceReleased(RES, "agent-1", 9, T0 + ms(1), ""),
+    LockHandedOff(RES, "agent-2", 3, 5_000, T0 + ms(5_000), "agent-1", 1),
 ]
 
 
@@ -548,13 +550,7 @@ def test_event_payload_round_trip(event: Event) -> None:
 
 
 def test_every_event_type_is_covered_by_round_trip() -> None:
-    assert {e.type for e in ALL_EVENTS} == {
-        LOCK_ACQUIRED,
-        LOCK_RENEWED,
-        LOCK_RELEASED,
-        LOCK_EXPIRED,
-        LOCK_FORCE_RELEASED,
-    }
+    assert {e.type for e in ALL_EVENTS} == set(PAYLOAD_FIELDS)
 
 
 def test_event_payload_is_json_serializable_and_round_trips_through_json() -> None:

@@ -3,7 +3,9 @@
 Several owners send random commands to two resources while a simulated database clock moves forward.
 Next to the decider's own state (folded with ``evolve``) the machine keeps an independent shadow model
 of each lock and the full log of emitted events with the instant each was decided, and checks after
-every step that the decider agrees with the model and that the lock's safety properties hold.
+every step that the decider agrees with the model and that the lock's safety properties hold. Leases are
+also handed off, accepted and declined (docs/decisions/0047-lease-hand-off.md), so every property below
+holds across hand-offs too.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
+from domain.commands import Accept, Acquire, Command, Decline, Expire, ForceRelease, HandOff, Release, Renew
 from domain.decider import decide, evolve, fold
-from domain.errors import DomainError, LeaseExpired, LockHeld, NotHolder, NotOwner
+from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder, NotOwner
 from domain.events import (
     LOCK_EXPIRED,
     LOCK_FORCE_RELEASED,
@@ -27,6 +29,7 @@ from domain.events import (
     LockAcquired,
     LockExpired,
     LockForceReleased,
+    LockHandedOff,
     LockReleased,
     LockRenewed,
     stamp,
@@ -57,6 +60,9 @@ class Shadow:
     token: int = 0
     ttl_ms: int | None = None
     expires_at: datetime | None = None
+    # The giver of a hand-off not yet taken up, and the log length right after it: any later event on
+    # the lock (a renew, release, expiry, another hand-off) takes it off.
+    pending: tuple[str, int] | None = None
 
     def live(self, now: datetime) -> bool:
         return self.status == "held" and self.expires_at is not None and now < self.expires_at
@@ -87,7 +93,9 @@ def live_tokens(log: list[tuple[datetime, Event]], now: datetime) -> dict[int, s
     grants: dict[int, tuple[str, datetime]] = {}
     ended: set[int] = set()
     for _, event in log:
-        if isinstance(event, LockAcquired | LockRenewed):
+        if isinstance(event, LockHandedOff):  # ends the giver's lease, begins the receiver's
+            ended.add(event.from_token)
+        if isinstance(event, LockAcquired | LockRenewed | LockHandedOff):
             assert event.expires_at is not None
             grants[event.fencing_token] = (event.owner, event.expires_at)
         else:
@@ -150,6 +158,14 @@ class LockDeciderMachine(RuleBasedStateMachine):
         if sh.status != "held":
             return NotHolder
         return None
+
+    def awaiting_from(self, resource: str) -> str | None:
+        """The giver of the hand-off of ``resource`` not yet taken up, by the model."""
+        lock = self.locks[resource]
+        pending = lock.shadow.pending
+        if pending is None or pending[1] != len(lock.log):
+            return None
+        return pending[0]
 
     # --- rules ---------------------------------------------------------------------------------------
 
@@ -275,6 +291,85 @@ class LockDeciderMachine(RuleBasedStateMachine):
         else:
             assert result == []
 
+    def holder_or(self, resource: str, owner: str | None) -> str:
+        """``owner``, or (None) the lock's last holder: hand-offs and their take-ups by the agent they
+        concern, often enough for the rules after them to be explored."""
+        return owner if owner is not None else (self.locks[resource].shadow.holder or OWNERS[0])
+
+    @rule(
+        resource=resources,
+        owner=st.none() | owners,
+        to=owners,
+        choice=token_choices,
+        arbitrary=st.integers(min_value=-1, max_value=40),
+        within_ms=ttls,
+    )
+    def hand_off(
+        self, resource: str, owner: str | None, to: str, choice: TokenChoice, arbitrary: int, within_ms: int
+    ) -> None:
+        owner = self.holder_or(resource, owner)
+        lock = self.locks[resource]
+        token = self.pick_token(owner, resource, choice, arbitrary)
+        expected = InvalidCommand if to == owner else self.expected_holder_error(resource, owner, token)
+        version = len(lock.log)
+        live_before = live_tokens(lock.log, self.now)
+
+        result = self.run(HandOff(resource, owner, token, to, within_ms))
+
+        if expected is not None:
+            assert type(result) is expected, (expected, result)
+            return
+        assert isinstance(result, list), result
+        assert live_before == {token: owner}
+        deadline = self.now + timedelta(milliseconds=within_ms)
+        assert result == [LockHandedOff(resource, to, version + 1, within_ms, deadline, owner, token)]
+        # No instant without a holder: the receiver holds from the very instant the giver stops.
+        assert live_tokens(lock.log, self.now) == {version + 1: to}
+        lock.shadow = Shadow("held", to, version + 1, within_ms, deadline, (owner, len(lock.log)))
+
+    @rule(resource=resources, owner=st.none() | owners, ttl_ms=ttls, accept=st.booleans())
+    def take_up(self, resource: str, owner: str | None, ttl_ms: int, accept: bool) -> None:
+        """The receiver accepts (renewing for its own TTL, learning its token) or declines."""
+        owner = self.holder_or(resource, owner)
+        lock = self.locks[resource]
+        sh = lock.shadow
+        awaiting = self.awaiting_from(resource) is not None and sh.holder == owner
+
+        result = self.run(Accept(resource, owner, ttl_ms) if accept else Decline(resource, owner))
+
+        if not awaiting:
+            assert type(result) is NotHolder, result
+            return
+        if sh.lapsed(self.now):
+            assert type(result) is LeaseExpired, result
+            assert result.expired_at == sh.expires_at
+            return
+        assert isinstance(result, list), result
+        if accept:
+            deadline = self.now + timedelta(milliseconds=ttl_ms)
+            assert result == [LockRenewed(resource, owner, sh.token, ttl_ms, deadline)]
+            sh.ttl_ms, sh.expires_at = ttl_ms, deadline
+            self.known[(owner, resource)] = sh.token
+        else:
+            assert sh.expires_at is not None
+            assert result == [LockReleased(resource, owner, sh.token, sh.expires_at)]
+            sh.status = "released"
+
+    @rule(
+        resource=resources,
+        to=owners,
+        within_ms=ttls,
+        pause_ms=st.integers(min_value=0, max_value=40_000),
+        ttl_ms=ttls,
+        accept=st.booleans(),
+    )
+    def relay(self, resource: str, to: str, within_ms: int, pause_ms: int, ttl_ms: int, accept: bool) -> None:
+        """The holder hands its lease to ``to`` with its current token, and after a pause (past the
+        deadline at times) the receiver takes it up: the whole hand-off, as agents run it."""
+        self.hand_off(resource, None, to, "current", 0, within_ms)
+        self.now += timedelta(milliseconds=pause_ms)
+        self.take_up(resource, None, ttl_ms, accept)
+
     @rule(step_ms=st.integers(min_value=0, max_value=40_000))
     def advance_clock(self, step_ms: int) -> None:
         self.now += timedelta(milliseconds=step_ms)
@@ -303,15 +398,18 @@ class LockDeciderMachine(RuleBasedStateMachine):
     @invariant()
     def fencing_tokens_strictly_increase(self) -> None:
         for lock in self.locks.values():
-            tokens = [e.fencing_token for e in lock.events if isinstance(e, LockAcquired)]
+            starts = LockAcquired | LockHandedOff
+            tokens = [e.fencing_token for e in lock.events if isinstance(e, starts)]
             assert tokens == sorted(set(tokens))
             current = 0
             for version, event in enumerate(lock.events, start=1):
-                if isinstance(event, LockAcquired):
+                if isinstance(event, starts):
                     assert event.fencing_token == version
+                    if isinstance(event, LockHandedOff):  # handed on by the lease of the token before
+                        assert event.from_token == current
                     current = event.fencing_token
                 else:
-                    # Every other event speaks of the lease granted by the latest acquire.
+                    # Every other event speaks of the lease begun by the latest acquire or hand-off.
                     assert event.fencing_token == current
 
     @invariant()
@@ -320,10 +418,14 @@ class LockDeciderMachine(RuleBasedStateMachine):
             ended: set[int] = set()
             last_deadline: dict[int, datetime] = {}
             for decided_at, event in lock.log:
+                if isinstance(event, LockHandedOff):
+                    assert event.from_token not in ended, "handed off an ended lease"
+                    assert decided_at < last_deadline[event.from_token], "handed off a lapsed lease"
+                    ended.add(event.from_token)
                 if isinstance(event, LockRenewed):
                     assert event.fencing_token not in ended, "renewed an ended lease"
                     assert decided_at < last_deadline[event.fencing_token], "renewed a lapsed lease"
-                if isinstance(event, LockAcquired | LockRenewed):
+                if isinstance(event, LockAcquired | LockRenewed | LockHandedOff):
                     assert event.expires_at is not None
                     last_deadline[event.fencing_token] = event.expires_at
                 else:
@@ -343,8 +445,9 @@ class LockDeciderMachine(RuleBasedStateMachine):
     @invariant()
     def state_matches_shadow_model(self) -> None:
         ended_by = {"expired": LOCK_EXPIRED, "released": LOCK_RELEASED, "forced": LOCK_FORCE_RELEASED}
-        for lock in self.locks.values():
+        for resource, lock in self.locks.items():
             state, sh = lock.state, lock.shadow
+            assert state.handed_off_by == self.awaiting_from(resource)
             assert state.status == ("held" if sh.status == "held" else "free")
             assert state.fencing_token == sh.token
             assert state.owner == sh.holder

@@ -1,6 +1,7 @@
 """Lock histories for replay's tests: hypothesis draws the steps, the pure decider decides them, and
 :func:`write_history` appends what it decided at the instants it chose (deadlines that pass between
-events included), as the owner of the schema may."""
+events included), as the owner of the schema may. Leases are handed off too, and the hand-offs accepted
+or declined (docs/decisions/0047-lease-hand-off.md), so every fold here meets them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import datetime, timedelta
 
 from hypothesis import strategies as st
 
-from domain.commands import Acquire, Command, Expire, ForceRelease, Release, Renew
+from domain.commands import Accept, Acquire, Command, Decline, Expire, ForceRelease, HandOff, Release, Renew
 from domain.decider import decide, evolve
 from domain.errors import DomainError
 from domain.events import event_payload, stamp
@@ -22,7 +23,9 @@ steps = st.lists(
     st.tuples(
         st.integers(0, 3_000),
         st.integers(0, 2),
-        st.sampled_from(["acquire", "renew", "release", "expire", "force"]),
+        st.sampled_from(
+            ["acquire", "renew", "release", "expire", "force", "handoff", "handoff", "accept", "decline"]
+        ),
         st.integers(0, 2),
         st.sampled_from([200, 1_000, 2_500]),
     ),
@@ -50,15 +53,34 @@ def _command(kind: str, resource: str, owner: str, ttl_ms: int, state: LockState
         return Release(resource, state.owner or owner, state.fencing_token)
     if kind == "expire":
         return Expire(resource)
+    if kind == "handoff":  # to ``owner``: refused (and skipped) when that is the holder itself
+        return HandOff(resource, state.owner or owner, state.fencing_token, owner, ttl_ms)
+    if kind == "accept":
+        return Accept(resource, state.owner or owner, ttl_ms)
+    if kind == "decline":
+        return Decline(resource, state.owner or owner)
     return ForceRelease(resource, "hypothesis")
+
+
+def _target(states: dict[int, LockState], drawn: int, kind: str) -> int:
+    """The resource a step acts on: the drawn one, but a hand-off goes to a held lock and an accept or
+    decline to a lock whose hand-off awaits, when there is one, so that hand-offs are not rare."""
+    if kind == "handoff":
+        return next((i for i, s in states.items() if s.status == "held"), drawn)
+    if kind in ("accept", "decline"):
+        return next((i for i, s in states.items() if s.handed_off_by is not None), drawn)
+    return drawn
 
 
 async def write_history(conn: Connection, prefix: str, start: datetime, story: list[Step]) -> list[Logged]:
     states = {i: initial_state(f"{prefix}r{i}") for i in range(3)}
     now = start
     logged: list[Logged] = []
-    for gap_ms, index, kind, owner, ttl_ms in story:
-        now += timedelta(milliseconds=gap_ms, microseconds=1)
+    for gap_ms, drawn, kind, owner, ttl_ms in story:
+        # Agents hand off and take up promptly: a quarter of the gap (a short hand-off still lapses).
+        quick = kind in ("handoff", "accept", "decline")
+        now += timedelta(milliseconds=gap_ms // 4 if quick else gap_ms, microseconds=1)
+        index = _target(states, drawn, kind)
         state = states[index]
         try:
             events = stamp(

@@ -32,7 +32,13 @@ def fold(logged: list[Logged], zone: str) -> list[tuple[str, str, int, int, int,
     stats: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for event in logged:
         owner, token = str(event.data["owner"]), int(str(event.data["fencing_token"]))
-        if event.type == "LOCK_ACQUIRED":
+        if event.type == "LOCK_HANDED_OFF":  # the giver's lease ends at the hand-off
+            giver, given = str(event.data["from_owner"]), int(str(event.data["from_token"]))
+            stats[giver][1] += 1
+            stats[giver][2] += (event.recorded_at - acquired[(event.resource, given)]) // timedelta(
+                milliseconds=1
+            )
+        if event.type in ("LOCK_ACQUIRED", "LOCK_HANDED_OFF"):
             acquired[(event.resource, token)] = event.recorded_at
             stats[owner][0] += 1
         elif event.type in _ENDINGS:

@@ -36,7 +36,7 @@ def _fold(logged: list[Logged], at: datetime) -> list[tuple[str, str, int, datet
             continue
         deadline = datetime.fromisoformat(str(event.data["expires_at"]))
         token = int(str(event.data["fencing_token"]))
-        if event.type == "LOCK_ACQUIRED":
+        if event.type in ("LOCK_ACQUIRED", "LOCK_HANDED_OFF"):  # a lease begins (and the giver's ends)
             leases[event.resource] = (str(event.data["owner"]), token, event.recorded_at, deadline)
         elif event.type == "LOCK_RENEWED":
             owner, _, acquired_at, _ = leases[event.resource]

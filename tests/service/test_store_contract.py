@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from domain.commands import Acquire, Command, Release, Renew
+from domain.commands import Accept, Acquire, Command, HandOff, Release, Renew
 from domain.decider import decide
 from domain.errors import LeaseExpired, LockHeld
 from domain.resource import TtlBounds
@@ -183,6 +183,45 @@ async def test_a_renew_that_arrives_after_the_deadline_is_refused(
     assert after == held  # nothing renewed it (and no reaper works on this database)
     with pytest.raises(LeaseExpired):
         decide(after, Release(resource, "bot1", 1), later, BOUNDS)
+
+
+async def test_a_hand_off_is_stored_as_a_grant_awaiting_acceptance(
+    store_and_time: tuple[LockStore, Pass],
+) -> None:
+    store, _ = store_and_time
+    resource = _resource()
+    state, now = await _load(store, resource)
+    await store.commit([_plan(state, Acquire(resource, "bot1", 30_000), now)])
+    held, before = await _load(store, resource)
+    [committed] = await store.commit([_plan(held, HandOff(resource, "bot1", 1, "bot2", 5_000), before)])
+    assert committed is not None
+    assert committed.expires_at is not None
+    assert committed.expires_at >= before + timedelta(milliseconds=5_000)
+    handed, now = await _load(store, resource)
+    assert (handed.version, handed.owner, handed.fencing_token, handed.ttl_ms) == (2, "bot2", 2, 5_000)
+    assert (handed.handed_off_by, handed.expires_at) == ("bot1", committed.expires_at)
+    await store.commit([_plan(handed, Accept(resource, "bot2", 30_000), now)])
+    accepted, _ = await _load(store, resource)
+    assert (accepted.version, accepted.owner, accepted.handed_off_by, accepted.ttl_ms) == (
+        3,
+        "bot2",
+        None,
+        30_000,
+    )
+
+
+async def test_a_hand_off_that_arrives_after_the_deadline_is_refused(
+    store_and_time: tuple[LockStore, Pass],
+) -> None:
+    store, pass_time = store_and_time
+    resource = _resource()
+    state, now = await _load(store, resource)
+    await store.commit([_plan(state, Acquire(resource, "bot1", SHORT_MS), now)])
+    held, now = await _load(store, resource)
+    hand_off = _plan(held, HandOff(resource, "bot1", 1, "bot2", 30_000), now)  # decided while live
+    await pass_time(SHORT_MS / 1000 * 2)
+    assert await store.commit([hand_off]) == [None]
+    assert (await _load(store, resource))[0] == held
 
 
 async def test_a_key_keeps_the_answer_and_refuses_a_second_commit(

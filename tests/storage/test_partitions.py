@@ -230,9 +230,30 @@ async def _admin_sql(url: str, sql: str) -> None:
         await conn.close()
 
 
+_LENT_COLUMN = "handed_off_by"  # lock_state's column from migration 0014, which today's commands write
+
+
 async def _history(url: str, resources: int) -> None:
     """Acquire, renew and release ``resources`` locks, then acquire and release them again: five events
-    each, the locks free at the end."""
+    each, the locks free at the end. On a schema older than the command path's (0009), the lock_state
+    column it writes is lent for the while and taken back, so the schema is the old one again."""
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        lend = not await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns"
+            " WHERE table_name = 'lock_state' AND column_name = $1)",
+            _LENT_COLUMN,
+        )
+        if lend:
+            await conn.execute(f"ALTER TABLE lock_state ADD COLUMN {_LENT_COLUMN} text")
+        await _commands(url, resources)
+        if lend:
+            await conn.execute(f"ALTER TABLE lock_state DROP COLUMN {_LENT_COLUMN}")
+    finally:
+        await conn.close()
+
+
+async def _commands(url: str, resources: int) -> None:
     settings = Settings(database_url=url, reaper_enabled=False)
     pool = await create_pool(settings)
     try:

@@ -1,6 +1,7 @@
 """Rebuilding lock_state from the log gives the identical table (DESIGN.md, "Read side").
 
-A seeded random workload of acquires, renews, releases and force-releases with short TTLs (some leases are
+A seeded random workload of acquires, renews, releases, hand-offs (accepted, declined or left to lapse)
+and force-releases with short TTLs (some leases are
 left to lapse, some found lapsed by the next acquire, some reaped) runs through the real command path; then
 the whole lock_state table is snapshotted, rebuilt from the events alone, and compared row for row. The
 projection of this test's streams must also equal a plain fold of their events by the pure decider.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
-from domain.commands import Acquire, Command, ForceRelease, Release, Renew
+from domain.commands import Accept, Acquire, Command, Decline, ForceRelease, HandOff, Release, Renew
 from domain.decider import fold
 from domain.errors import DomainError
 from domain.events import event_from_payload
@@ -27,7 +28,7 @@ from projections.rebuild import rebuild_lock_state
 from projections.schema import lock_state_from_row
 from service.composition import lock_service_on_pool
 from service.lock_service import CommandContext, LockService
-from service.outcomes import Granted
+from service.outcomes import Granted, HandedOff
 from service.reaper_store import expire_due
 
 pytestmark = pytest.mark.storage
@@ -46,19 +47,27 @@ async def _workload(service: LockService, service_pool: asyncpg.Pool, prefix: st
     rng = random.Random(seed)
     resources = [f"{prefix}res{i:02d}" for i in range(RESOURCES)]
     leases: dict[str, _Lease] = {}  # the last lease granted per resource, as far as the client knows
+    handed: dict[str, str] = {}  # the receiver of the last hand-off per resource
     outcomes: Counter[str] = Counter()
 
     def command_for(resource: str) -> Command:
         lease = leases.get(resource)
         roll = rng.random()
+        receiver = handed.get(resource)
+        if receiver is not None and roll < 0.3:
+            accept_ttl = rng.choice([20, 80, 5_000])
+            return Accept(resource, receiver, accept_ttl) if roll < 0.2 else Decline(resource, receiver)
         if lease is None or roll < 0.35:
             return Acquire(resource, f"bot{rng.randint(1, 4)}", rng.choice([15, 30, 60, 120, 5_000]))
         token = lease.token if rng.random() < 0.9 else lease.token + rng.choice([-1, 1])
         if roll < 0.65:
             ttl = rng.choice([None, 20, 80, 5_000])
             return Renew(resource, lease.owner, max(token, 1), ttl)
-        if roll < 0.9:
+        if roll < 0.82:
             return Release(resource, lease.owner, max(token, 1))
+        if roll < 0.95:
+            within = rng.choice([15, 60, 5_000])
+            return HandOff(resource, lease.owner, max(token, 1), f"bot{rng.randint(1, 4)}", within)
         return ForceRelease(resource, "operator test")
 
     async def run(command: Command) -> None:
@@ -68,8 +77,10 @@ async def _workload(service: LockService, service_pool: asyncpg.Pool, prefix: st
             outcomes[f"{type(command).__name__}:{error.code}"] += 1
             return
         outcomes[f"{type(command).__name__}:{type(result.outcome).__name__}"] += 1
-        if isinstance(result.outcome, Granted) and isinstance(command, Acquire):
+        if isinstance(result.outcome, Granted) and isinstance(command, Acquire | Accept):
             leases[command.resource] = _Lease(result.outcome.owner, result.outcome.fencing_token)
+        if isinstance(result.outcome, HandedOff):
+            handed[command.resource] = result.outcome.owner
 
     sent = 0
     while sent < COMMANDS:
@@ -101,6 +112,9 @@ async def test_rebuild_reproduces_lock_state_and_equals_a_fold_of_the_log(
         "Release:Released",
         "Renew:lease_expired",
         "Acquire:lock_held",
+        "HandOff:HandedOff",
+        "Accept:Granted",
+        "Decline:Released",
     )
     for outcome in reached:
         assert outcomes[outcome] > 0, outcome
