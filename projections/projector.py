@@ -76,6 +76,7 @@ class Projector:
         self._marks: deque[tuple[int, datetime]] = deque()
         self._opened_at = time.monotonic()  # when the open window's snapshot was taken
         self.current_at: float | None = None  # monotonic time of the snapshot last applied in full
+        self._window_floor: tuple[int, int] | None = None  # (lo, a position below its transactions' events)
 
     @property
     def checkpoint(self) -> Checkpoint | None:
@@ -102,13 +103,14 @@ class Projector:
             self._marks.append(mark)
             self._opened_at = time.monotonic()
             hi, after = window.hi, max(after, self._tail.floor(lo))
+            self._window_floor = (lo, after)
         events = await read_keys(conn, lo, hi, after=after, page=self._page)
         done = len(events) < self._page
         new = Checkpoint(
             self.table,
             hi if done else lo,
             hi,
-            self._tail.floor(hi) if done else events[-1].position,
+            self._floor_after(lo, hi) if done else events[-1].position,
             self._covered(hi) if done else None,
         )
         async with conn.transaction():
@@ -121,6 +123,14 @@ class Projector:
         if done:
             self.current_at = self._opened_at
         return Step(len(events), caught_up=done, delays=_delays(events, applied_at))
+
+    def _floor_after(self, lo: int, hi: int) -> int:
+        """A position below every event of the transactions from ``hi`` on, once ``[lo, hi)`` is applied.
+        The floor the window was opened with holds for them too (they are among those from ``lo``): the
+        tail's own floor is 0 until its first marks, and a 0 would have the next window read the whole
+        log."""
+        opened = self._window_floor[1] if self._window_floor and self._window_floor[0] == lo else 0
+        return max(opened, self._tail.floor(hi))
 
     async def catch_up(self, conn: Connection) -> int:
         """Step until a window is applied in full; the events applied."""

@@ -104,3 +104,31 @@ async def test_runners_racing_apply_each_page_once_and_equal_a_build(
         for runner in runners:
             await runner.stop()
         await writer.close()
+
+
+async def test_a_new_process_keeps_the_checkpoints_floor_so_it_never_reads_the_whole_log(
+    own_database: str, unique_prefix: str
+) -> None:
+    """The floor under the checkpoint (a position below every event not yet applied) is what keeps each
+    read of a window to the new events: a projector in a new process, whose tail has no marks yet, must
+    not lower it to 0."""
+    conn = await asyncpg.connect(asyncpg_dsn(own_database))
+    try:
+        for version in (1, 2, 3):
+            await conn.fetchval(_INSERT, f"{unique_prefix}old", version, _grant("agv-old", version))
+        floor = await conn.fetchval("SELECT max(position) FROM events")
+        await conn.execute("TRUNCATE holding_periods")  # built afresh: the database is the module's
+        await build(conn, HOLDING_PERIODS, floor=floor)
+        await conn.fetchval(_INSERT, f"{unique_prefix}new", 1, _grant("agv-new", 1))
+        await Projector(HOLDING_PERIODS).catch_up(conn)
+        after = await conn.fetchval(
+            "SELECT after FROM projector_checkpoints WHERE name = $1", "holding_periods"
+        )
+        assert after >= floor
+        held = await conn.fetch(
+            "SELECT DISTINCT resource FROM holding_periods WHERE starts_with(resource, $1) ORDER BY 1",
+            unique_prefix,
+        )
+        assert [r["resource"] for r in held] == [f"{unique_prefix}new", f"{unique_prefix}old"]
+    finally:
+        await conn.close()
