@@ -146,6 +146,65 @@ def test_the_ledger_flags_a_fencing_token_that_does_not_increase() -> None:
     ]
 
 
+def test_the_ledger_flags_a_reservation_granted_in_part() -> None:
+    ledger = Ledger(_Clock())
+    route = _Lease(deadline=110.0)
+    ledger.reserved(["zone:1", "zone:2", "zone:3"], {"zone:1": 4, "zone:3": 9}, "agv-1#1", route)
+
+    assert ledger.reservations_checked == 1
+    assert ledger.violations == 1
+    assert ledger.examples == [
+        "reservation by agv-1#1: asked for ['zone:1', 'zone:2', 'zone:3'], granted ['zone:1', 'zone:3']"
+    ]
+    assert ledger.checked == 2  # the leases it did get are still checked as grants
+
+
+def test_the_ledger_flags_a_hand_off_whose_token_is_not_above_the_givers() -> None:
+    ledger = Ledger(_Clock())
+    ledger.granted("pallet:1", 7, "agv-1#1", _Lease(deadline=110.0))
+    ledger.released("pallet:1", 7)  # the hand-off is sent
+    ledger.handed_off("pallet:1", 7, 7, "forklift-1#1")
+    ledger.accepted("pallet:1", 7, "forklift-1#1", _Lease(deadline=110.0))
+
+    assert ledger.handoffs_checked == 1
+    assert ledger.examples == [
+        "pallet:1: handed to forklift-1#1 with token 7, not above the giver's 7",
+        "pallet:1: token 7 granted to agv-1#1 and again to forklift-1#1",
+    ]
+
+
+def test_the_ledger_flags_an_accepted_token_other_than_the_handed_one_and_a_giver_token_not_refused() -> None:
+    ledger = Ledger(_Clock())
+    ledger.granted("pallet:1", 7, "agv-1#1", _Lease(deadline=110.0))
+    ledger.released("pallet:1", 7)
+    ledger.handed_off("pallet:1", 7, 8, "forklift-1#1")
+    ledger.giver_token_answered("pallet:1", 7, refused=False)
+    ledger.accepted("pallet:1", 9, "forklift-1#1", _Lease(deadline=110.0))
+
+    assert ledger.examples == [
+        "pallet:1: the giver's token 7 was accepted after its hand-off",
+        "pallet:1: forklift-1#1 accepted token 9, handed token 8",
+    ]
+
+
+def test_the_ledger_accepts_an_honest_reservation_and_hand_off() -> None:
+    """Every zone of a route granted, left one by one and taken by the next vehicle; a pallet handed to a
+    forklift with a higher token, the giver's token refused, the forklift accepting that token."""
+    ledger = Ledger(_Clock())
+    route = _Lease(deadline=110.0)
+    ledger.reserved(["zone:1", "zone:2"], {"zone:1": 3, "zone:2": 5}, "agv-1#1", route)
+    ledger.released("zone:1", 3)
+    ledger.granted("zone:1", 4, "agv-2#1", _Lease(deadline=110.0))
+    ledger.granted("pallet:1", 2, "agv-1#1", _Lease(deadline=110.0))
+    ledger.released("pallet:1", 2)
+    ledger.handed_off("pallet:1", 2, 3, "forklift-1#1")
+    ledger.giver_token_answered("pallet:1", 2, refused=True)
+    ledger.accepted("pallet:1", 3, "forklift-1#1", _Lease(deadline=110.0))
+
+    assert (ledger.reservations_checked, ledger.handoffs_checked, ledger.checked) == (1, 1, 5)
+    assert ledger.violations == 0, ledger.examples
+
+
 def test_the_ledger_accepts_every_honest_handover() -> None:
     """Released, expired by its deadline, lost, or abandoned by a crash: the next grant is fine, and so is
     an agent seeing its own grant twice."""
