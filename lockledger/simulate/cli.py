@@ -55,6 +55,13 @@ _SIMULATION_ROWS = [
     ("sagas_recovered", "... left by a crash, finished by the agent's next life"),
     ("pallets_put_back", "compensations run (the pick undone)"),
     ("parked", "times an AGV parked in a zone, holding it"),
+    ("routes_reserved", "routes whose zones were all granted in one reservation"),
+    ("routes_refused", "reservations still held by others after the wait (the pallet put back)"),
+    ("zones_left", "zones of a route released one by one as the AGV left them"),
+    ("handoffs_given", "pallets' leases handed to a forklift"),
+    ("handoffs_accepted", "... accepted by the forklift, lifted, released"),
+    ("handoffs_declined", "... declined by the forklift"),
+    ("giver_tokens_refused", "the giver's token tried after its hand-off, and refused"),
     ("errors", "units of work cut by an unexpected refusal or an unreachable server"),
     ("sagas_unfinished", "sagas still running or compensating past their lease deadline: must be 0"),
     ("violations", "invariant violations: must be 0"),
@@ -110,12 +117,25 @@ def simulate(
     drop_probability: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Chance that a command's answer is lost.")
     ] = 0.02,
+    route_probability: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Chance that a unit of work not parked is a reserved route and a hand-off, not a saga"
+            " (0: sagas and parking only, as before).",
+        ),
+    ] = 0.5,
+    decline_probability: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Chance that a forklift declines a hand-off.")
+    ] = 0.2,
     output: FormatOption = Format.TABLE,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """Drive simulated AGVs against a running server through the SDK: pallet-to-zone sagas with
-    contention, crashes and lost answers, checking the lock invariants as they go. Exit 1 on a violation.
+    """Drive simulated AGVs against a running server through the SDK: pallet-to-zone sagas, and routes
+    reserved all at once whose pallets are handed to forklifts, with contention, crashes and lost
+    answers, checking the lock invariants as they go. Exit 1 on a violation.
 
     Best against a dev-mode server, where each AGV is its own owner, or with an admin token (then every
     lease is the token's, shared by all AGVs). Ctrl-C stops early (twice: at once) and still summarizes.
@@ -123,6 +143,7 @@ def simulate(
     settings = Settings(
         agents=agents, duration=duration, pallets=pallets, zones=zones, prefix=prefix, seed=seed, ttl=ttl,
         saga_lease=saga_lease, crash_probability=crash_probability, drop_probability=drop_probability,
+        route_probability=route_probability, decline_probability=decline_probability,
     )  # fmt: skip
     stamina.instrumentation.set_on_retry_hooks([])  # the simulation retries on purpose, and counts them
     live = Live(console=stderr, transient=True) if stderr.is_terminal else None

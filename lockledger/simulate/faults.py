@@ -5,8 +5,9 @@ command (a POST) is sent and processed by the server, and then its answer is thr
 sees ``httpx.ReadTimeout``: the SDK retries under the same Idempotency-Key and gets the stored answer
 again (``Idempotent-Replayed: true``). After ``crash()`` nothing the agent sends leaves the process any
 more (``AgentCrashed``, which the SDK does not retry), so its heartbeats stop and its leases are left to
-the server's reaper, as when a robot loses power. Each release is reported to the ledger as it is sent:
-from that moment the agent no longer acts on the resource.
+the server's reaper, as when a robot loses power. Each release, hand-off and release of a reservation's
+leases is reported to the ledger as it is sent: from that moment the agent no longer acts on the
+resource.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from lockledger.simulate.ledger import Ledger
 __all__ = ["AgentCrashed", "FaultyTransport", "Wire"]
 
 _LOCKS = "/v1/locks/"
+_RESERVATIONS = "/v1/reservations"
+_ENDING = ("/release", "/handoff")  # a lock's commands after which its sender no longer acts on it
 
 
 class AgentCrashed(Exception):
@@ -33,8 +36,8 @@ class Wire:
     """What every agent's transport saw, summed over the simulation."""
 
     requests: int = 0  # sent to the server, retries included
-    grants: int = 0  # new leases the server answered (its replays of one are not counted again)
-    lock_held: int = 0  # acquires answered 409: the lock was held (after the server's wait, if any)
+    grants: int = 0  # new leases the server answered: acquired, reserved, handed to a receiver (not replays)
+    lock_held: int = 0  # acquires and reserves answered 409: held (after the server's wait, if any)
     dropped: int = 0  # answers thrown away after the server processed the command
     replayed: int = 0  # answers marked Idempotent-Replayed: a retry found the stored answer
 
@@ -64,17 +67,16 @@ class FaultyTransport(httpx.AsyncBaseTransport):
             raise AgentCrashed(f"{request.method} {request.url.path}: the agent has crashed")
         path = request.url.path
         command = request.method == "POST"
-        if command and path.startswith(_LOCKS) and path.endswith("/release"):
-            body = json.loads(request.content or b"{}")
-            self._ledger.released(path[len(_LOCKS) : -len("/release")], int(body.get("fencing_token", 0)))
+        if command:
+            self._report_ending(path, request.content)
         self._wire.requests += 1
         response = await self._inner.handle_async_request(request)
         if response.headers.get("Idempotent-Replayed") == "true":
             self._wire.replayed += 1
-        elif command and path.endswith("/acquire"):
+        elif command and (path.endswith(("/acquire", "/handoff")) or path == _RESERVATIONS):
             if response.is_success:
-                self._wire.grants += 1
-            elif response.status_code == 409:
+                self._wire.grants += await _leases_granted(path, response)
+            elif response.status_code == 409 and not path.endswith("/handoff"):
                 self._wire.lock_held += 1
         if command and self._rng.random() < self._drop_probability:
             await response.aread()
@@ -83,5 +85,22 @@ class FaultyTransport(httpx.AsyncBaseTransport):
             raise httpx.ReadTimeout("simulated: the answer was lost on the way back", request=request)
         return response
 
+    def _report_ending(self, path: str, content: bytes) -> None:
+        """Tell the ledger of a release, hand-off or reservation release this command sends."""
+        if path.startswith(_LOCKS) and path.endswith(_ENDING):
+            resource = path[len(_LOCKS) :].rsplit("/", 1)[0]
+            self._ledger.released(resource, int(json.loads(content or b"{}").get("fencing_token", 0)))
+        elif path.startswith(f"{_RESERVATIONS}/") and path.endswith("/release"):
+            for lease in json.loads(content or b"{}").get("leases", []):
+                self._ledger.released(lease["resource"], int(lease["fencing_token"]))
+
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+async def _leases_granted(path: str, response: httpx.Response) -> int:
+    """How many leases a successful acquire, hand-off or reserve granted: a reserve's set, else one."""
+    if path != _RESERVATIONS:
+        return 1
+    await response.aread()
+    return len(response.json()["leases"])

@@ -11,6 +11,14 @@ after a pause as a new incarnation and recovers the saga it was running (its id,
 its current job on disk) from the server's log. With ``drop_probability`` a command's answer is lost after
 the server processed it, and the SDK's retry gets the stored answer under the same Idempotency-Key.
 
+With ``route_probability`` a unit of work is a route instead (``_route``): the AGV locks a pallet,
+reserves a route of two or three zones in one reservation (all or none, waiting without holding any),
+drives it releasing each zone as it leaves it, and hands the pallet's lease to its forklift
+(``{prefix}forklift-07``), which declines with ``decline_probability`` and otherwise accepts
+(``accept_lock``), lifts the pallet and releases it. After each hand-off the AGV tries its own token
+once more, which the server must refuse. Hand-offs need each agent to be its own owner (a dev-mode
+server): with a token the AGV releases the pallet instead.
+
 Each saga holds a lease of its own (``saga_lease``), heartbeated by the SDK; a saga that an error cut
 short is recovered by the agent before its next unit of work, and one whose orchestrator is gone for
 good (its agent halted at the end of the run) must be finished by the server: compensated, or ``stuck``
@@ -37,21 +45,24 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from lockledger.client import AsyncClient, check_owner, check_resource
 from lockledger.errors import (
     Forbidden,
+    LeaseExpired,
     LockHeld,
     LockLedgerError,
     LockLost,
     NotFound,
+    NotHolder,
     Unauthorized,
     ValidationError,
 )
 from lockledger.lease import AsyncLease
+from lockledger.records import HandedOff
 from lockledger.saga import AsyncSaga, SagaFailed, Step, StepContext, define, get_saga, list_sagas
 from lockledger.simulate.faults import AgentCrashed, FaultyTransport, Wire
 from lockledger.simulate.ledger import Ledger
@@ -65,6 +76,9 @@ _DRIVE_S = (0.05, 0.3)
 _PICK_TIMEOUT_S = 2.0  # the pallet wait and the pick together
 _DRIVE_TIMEOUT_S = 1.0  # the zone wait and the drive together: an occupied zone fails the drive
 _PARK_WAIT_S = 0.5
+_ROUTE_WAIT_S = 1.0  # the wait for a route's zones, all at once: a route still occupied puts the pallet back
+_ROUTE_ZONES = (2, 3)  # zones on a route (fewer if there are fewer zones)
+_LIFT_S = (0.02, 0.15)  # a forklift lifting a pallet it accepted
 _PARK_TTLS = (0.5, 2.0)  # how long an AGV parks in a zone, in lease lengths (so its heartbeats run)
 _CRASH_AFTER_S = (0.0, 1.5)  # when, in a unit of work, a crash strikes
 _RESTART_TTLS = (0.5, 1.5)  # how long a crashed AGV stays down, in lease lengths: before or after expiry
@@ -96,9 +110,11 @@ class Settings:
     seed: int | None = None
     ttl: float = 2.0  # lease length, seconds: short, so crashed agents' leases expire within the run
     saga_lease: float = 3.0  # a saga's own lease, seconds: short, so the server finishes abandoned ones soon
-    crash_probability: float = 0.05  # per unit of work (a saga, or parking in a zone)
+    crash_probability: float = 0.05  # per unit of work (a saga, a route, or parking in a zone)
     drop_probability: float = 0.02  # per command
     park_probability: float = 0.2  # per unit of work: park in a zone rather than run a saga
+    route_probability: float = 0.5  # per unit not parked: a reserved route and a hand-off, not a saga
+    decline_probability: float = 0.2  # per hand-off: the forklift declines the pallet
 
     @property
     def pallet_count(self) -> int:
@@ -116,7 +132,10 @@ class Settings:
             raise _refused(
                 "duration is seconds > 0, ttl and saga_lease seconds >= 1 (the server's least lease)"
             )
-        for name in ("crash_probability", "drop_probability", "park_probability"):
+        for name in (
+            "crash_probability", "drop_probability", "park_probability", "route_probability",
+            "decline_probability",
+        ):  # fmt: skip
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise _refused(f"{name} is between 0 and 1")
         try:
@@ -136,6 +155,13 @@ class Counts:
     sagas_failed: int = 0  # aborted before there was anything to undo, stuck, or cut by an error
     sagas_recovered: int = 0  # a crashed incarnation's saga, finished from the log by the next one
     parked: int = 0
+    routes_reserved: int = 0  # routes whose zones were all granted in one reservation
+    routes_refused: int = 0  # reservations that waited in vain (the pallet was put back)
+    zones_left: int = 0  # zones of a route released one by one as the AGV left them
+    handoffs_given: int = 0  # pallets' leases handed to a forklift
+    handoffs_accepted: int = 0
+    handoffs_declined: int = 0
+    giver_tokens_refused: int = 0  # the giver's token tried again after the hand-off, and refused
     waits_timed_out: int = 0  # a step or a parking gave up waiting for its lock
     leases_lost: int = 0  # a lease found lost while acting under it
     crashes: int = 0
@@ -148,12 +174,33 @@ Summary = dict[str, Any]
 Progress = Callable[[Summary], None]
 
 
+class _Checked(Protocol):
+    """A lease or a reservation, as the agents check it before acting."""
+
+    @property
+    def lost(self) -> asyncio.Event: ...
+
+    def check(self) -> None: ...
+
+
 @dataclass
 class _Incarnation:
     number: int
     holder: str  # the ledger's name for this life of the agent
     client: AsyncClient
     transport: FaultyTransport
+    forklift: AsyncClient  # the AGV's forklift: its own owner, its network dies with the AGV's
+    forklift_transport: FaultyTransport
+    forklift_id: str
+    forklift_holder: str
+
+    def crash(self) -> None:
+        self.transport.crash()
+        self.forklift_transport.crash()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        await self.forklift.aclose()
 
 
 class Simulation:
@@ -245,7 +292,7 @@ class Simulation:
         """Cut every agent's network: whatever they are doing fails at once, their leases lapse."""
         self._halted.set()
         for life in self._lives.values():
-            life.transport.crash()
+            life.crash()
 
     async def _tick(self, on_progress: Progress, every: float) -> None:
         while True:
@@ -265,7 +312,13 @@ class Simulation:
             "sagas_started": c.sagas_started, "sagas_completed": c.sagas_completed,
             "sagas_compensated": c.sagas_compensated, "sagas_failed": c.sagas_failed,
             "sagas_recovered": c.sagas_recovered, "pallets_put_back": c.pallets_put_back,
-            "parked": c.parked, "errors": c.errors, "sagas_unfinished": c.sagas_unfinished,
+            "parked": c.parked, "routes_reserved": c.routes_reserved, "routes_refused": c.routes_refused,
+            "zones_left": c.zones_left, "handoffs_given": c.handoffs_given,
+            "handoffs_accepted": c.handoffs_accepted, "handoffs_declined": c.handoffs_declined,
+            "giver_tokens_refused": c.giver_tokens_refused,
+            "reservations_checked": self.ledger.reservations_checked,
+            "handoffs_checked": self.ledger.handoffs_checked,
+            "errors": c.errors, "sagas_unfinished": c.sagas_unfinished,
             "violations": self.ledger.violations + c.sagas_unfinished,
             "violation_examples": [*self.ledger.examples, *self._unfinished_examples],
         }  # fmt: skip
@@ -311,23 +364,33 @@ class Simulation:
                     return
                 unfinished = await self._live(index, life, rng)
             finally:
-                await life.client.aclose()
+                await life.aclose()
             if not life.transport.crashed or self._halted.is_set():
                 return
             with contextlib.suppress(TimeoutError):  # down for a while, unless the run ends first
                 await asyncio.wait_for(self._stop.wait(), rng.uniform(*_RESTART_TTLS) * self.settings.ttl)
 
     def _born(self, index: int, incarnation: int, rng: random.Random) -> _Incarnation:
+        agent_id = f"{self.settings.prefix}agv-{index:02d}"
+        forklift_id = f"{self.settings.prefix}forklift-{index:02d}"
+        client, transport = self._connect(agent_id, rng)
+        forklift, forklift_transport = self._connect(forklift_id, rng)
+        return _Incarnation(
+            incarnation, f"{agent_id}#{incarnation}", client, transport, forklift, forklift_transport,
+            forklift_id, f"{forklift_id}#{incarnation}",
+        )  # fmt: skip
+
+    def _connect(self, agent_id: str, rng: random.Random) -> tuple[AsyncClient, FaultyTransport]:
+        """A client for one simulated agent, over a faulty network of its own."""
         transport = FaultyTransport(
             httpx.AsyncHTTPTransport(), rng=rng, drop_probability=self.settings.drop_probability,
             wire=self.wire, ledger=self.ledger,
         )  # fmt: skip
-        agent_id = f"{self.settings.prefix}agv-{index:02d}"
         client = AsyncClient(
             self.url, token=self.token, agent_id=None if self.token else agent_id, transport=transport,
             retry_attempts=5, retry_timeout=5.0, breaker=CircuitBreaker(_BREAKER, name=agent_id),
         )  # fmt: skip
-        return _Incarnation(incarnation, f"{agent_id}#{incarnation}", client, transport)
+        return client, transport
 
     async def _live(self, index: int, life: _Incarnation, rng: random.Random) -> str | None:
         """Units of work until the time is up (None) or a crash (the id of the saga it cut, if any). After
@@ -343,6 +406,9 @@ class Simulation:
             saga_id: str | None = None
             if rng.random() < self.settings.park_probability:
                 work = asyncio.create_task(self._park(life, rng))
+            elif self.settings.route_probability and rng.random() < self.settings.route_probability:
+                # (no draw at 0: a seed makes the same choices as before routes existed)
+                work = asyncio.create_task(self._route(life, rng))
             else:
                 saga_id = f"sim-{self._run}-{index:02d}-{life.number}-{sequence}"
                 work = asyncio.create_task(self._move(life, saga_id, rng))
@@ -372,8 +438,9 @@ class Simulation:
         return None
 
     def _crash(self, life: _Incarnation) -> None:
-        life.transport.crash()
+        life.crash()
         self.ledger.crashed(life.holder)
+        self.ledger.crashed(life.forklift_holder)
 
     # --- parking in a zone ---------------------------------------------------------------------------
 
@@ -394,6 +461,99 @@ class Simulation:
             raise
         except (LockLedgerError, CircuitOpen, AgentCrashed):
             if not life.transport.crashed:  # a crashed agent's unwinding is not an outcome
+                self.counts.errors += 1
+                return True
+        return False
+
+    # --- a reserved route and a hand-off -------------------------------------------------------------
+
+    async def _route(self, life: _Incarnation, rng: random.Random) -> bool:
+        """Lock a pallet, drive a reserved route with it, hand it to the forklift; whether an error cut it
+        short. A route still occupied after the wait puts the pallet back (released at the block's exit)."""
+        pallet, route = self._pallet(rng), self._route_zones(rng)
+        handed: HandedOff | None = None
+        try:
+            async with life.client.lock(pallet, ttl=self.settings.ttl, wait=_PICK_TIMEOUT_S) as lease:
+                self._observe(life, lease)
+                await asyncio.sleep(rng.uniform(*_PICK_S))
+                self._check(lease)
+                if await self._drive_route(life, route, rng):
+                    self._check(lease)
+                    if self.token is None:  # with a token the forklift would be the AGV's own principal
+                        handed = await self._hand_off(life, lease)
+        except LockHeld:
+            self.counts.waits_timed_out += 1
+        except LockLost:
+            pass  # counted where it was found
+        except _FATAL:
+            raise
+        except (LockLedgerError, CircuitOpen, AgentCrashed):
+            if not life.transport.crashed:
+                self.counts.errors += 1
+                return True
+        if handed is None:
+            return False
+        return await self._forklift(life, handed, rng)
+
+    async def _drive_route(self, life: _Incarnation, route: list[str], rng: random.Random) -> bool:
+        """Reserve every zone of ``route`` at once, then drive through them, releasing each on leaving it;
+        whether the route was driven (False: its zones stayed occupied for the whole wait)."""
+        try:
+            async with life.client.reserve(route, ttl=self.settings.ttl, wait=_ROUTE_WAIT_S) as reservation:
+                if not life.transport.crashed:
+                    self.ledger.reserved(route, reservation.tokens, life.holder, reservation)
+                self.counts.routes_reserved += 1
+                for zone in route:
+                    await asyncio.sleep(rng.uniform(*_DRIVE_S) / len(route))
+                    self._check(reservation)
+                    await reservation.release(zone)
+                    self.counts.zones_left += 1
+        except LockHeld:
+            self.counts.routes_refused += 1
+            return False
+        return True
+
+    async def _hand_off(self, life: _Incarnation, lease: AsyncLease) -> HandedOff | None:
+        """Hand the pallet's lease to the forklift, then try the old token once more: it must be refused.
+        None if the lease was found lost on the way."""
+        giver_token = lease.fencing_token
+        try:
+            handed = await lease.hand_off(life.forklift_id, accept_within=self.settings.ttl)
+        except (LeaseExpired, NotHolder):
+            self.counts.leases_lost += 1
+            return None
+        self.counts.handoffs_given += 1
+        self.ledger.handed_off(lease.resource, giver_token, handed.fencing_token, life.forklift_holder)
+        try:
+            await life.client.renew(lease.resource, lease.owner, giver_token, self.settings.ttl)
+        except (LeaseExpired, NotHolder):
+            self.counts.giver_tokens_refused += 1
+            self.ledger.giver_token_answered(lease.resource, giver_token, refused=True)
+        else:
+            self.ledger.giver_token_answered(lease.resource, giver_token, refused=False)
+        return handed
+
+    async def _forklift(self, life: _Incarnation, handed: HandedOff, rng: random.Random) -> bool:
+        """The forklift the pallet was handed to: it declines sometimes; otherwise it accepts, lifts the
+        pallet under the accepted lease and releases it. Whether an error cut it short."""
+        forklift = life.forklift
+        try:
+            if rng.random() < self.settings.decline_probability:
+                await forklift.decline(handed.resource, life.forklift_id)
+                self.counts.handoffs_declined += 1
+                return False
+            async with forklift.accept_lock(handed.resource, ttl=self.settings.ttl) as lease:
+                self.counts.handoffs_accepted += 1
+                if not life.forklift_transport.crashed:
+                    self.ledger.accepted(lease.resource, lease.fencing_token, life.forklift_holder, lease)
+                await asyncio.sleep(rng.uniform(*_LIFT_S))
+                self._check(lease)
+        except LockLost:
+            pass
+        except _FATAL:
+            raise
+        except (LockLedgerError, CircuitOpen, AgentCrashed):
+            if not life.forklift_transport.crashed:
                 self.counts.errors += 1
                 return True
         return False
@@ -483,7 +643,7 @@ class Simulation:
         if not life.transport.crashed:
             self.ledger.granted(lease.resource, lease.fencing_token, life.holder, lease)
 
-    def _check(self, lease: AsyncLease) -> None:
+    def _check(self, lease: _Checked) -> None:
         if lease.lost.is_set():
             self.counts.leases_lost += 1
         lease.check()
@@ -493,6 +653,12 @@ class Simulation:
 
     def _zone(self, rng: random.Random) -> str:
         return f"{self.settings.prefix}zone:{rng.randrange(self.settings.zone_count)}"
+
+    def _route_zones(self, rng: random.Random) -> list[str]:
+        """Two or three distinct zones, in driving order (fewer when there are fewer zones)."""
+        count = self.settings.zone_count
+        length = rng.randint(min(_ROUTE_ZONES[0], count), min(_ROUTE_ZONES[1], count))
+        return [f"{self.settings.prefix}zone:{z}" for z in rng.sample(range(count), length)]
 
 
 @contextlib.contextmanager

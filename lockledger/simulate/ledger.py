@@ -2,17 +2,21 @@
 
 Two rules, judged from what the agents observe alone: per resource, the fencing tokens of successive
 grants strictly increase; and no two grants of one resource are believed at the same time. A belief
-lasts from the grant until the agent sends its release, its lease is lost (the SDK's watchdog fired, or
-the lease's local deadline, ``monotonic() before sending + ttl - margin``, has passed) or the agent
-crashes. The SDK sets that deadline no later than the server's, so a crashed agent's lease that the
-reaper expired and another agent then took is no violation, while a server that granted a lock before
-the previous holder's lease could have ended is.
+lasts from the grant until the agent sends its release or hand-off, its lease is lost (the SDK's
+watchdog fired, or the lease's local deadline, ``monotonic() before sending + ttl - margin``, has
+passed) or the agent crashes. The SDK sets that deadline no later than the server's, so a crashed
+agent's lease that the reaper expired and another agent then took is no violation, while a server that
+granted a lock before the previous holder's lease could have ended is.
+
+Reservations and hand-offs add three rules: a reservation grants every resource asked for or none
+(never a partial set), a hand-off gives the receiver a token above the giver's (and the receiver
+accepts that very token), and the giver's token is refused once it handed the lease on.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,6 +55,7 @@ class _Resource:
     last_token: int = 0
     holders: dict[int, str] = field(default_factory=dict)  # every grant seen: token -> holder
     beliefs: list[_Belief] = field(default_factory=list)
+    handed: dict[str, int] = field(default_factory=dict)  # hand-offs awaiting acceptance: receiver -> token
 
 
 class Ledger:
@@ -60,6 +65,8 @@ class Ledger:
         self._clock = clock
         self._resources: dict[str, _Resource] = {}
         self.checked = 0  # grants checked against both rules
+        self.reservations_checked = 0  # reservations checked for all or nothing
+        self.handoffs_checked = 0  # hand-offs checked for a higher token
         self.violations = 0
         self.examples: list[str] = []
 
@@ -89,8 +96,48 @@ class Ledger:
         state.last_token = max(state.last_token, token)
         state.beliefs.append(belief)
 
+    def reserved(
+        self, resources: Collection[str], tokens: Mapping[str, int], holder: str, lease: Held
+    ) -> None:
+        """``holder`` was granted a reservation of ``resources``, with ``tokens`` (resource -> token) under
+        one ``lease``: all or nothing, so exactly the resources asked for have a token; then each lease is
+        checked as a grant."""
+        self.reservations_checked += 1
+        if set(tokens) != set(resources):
+            self._violated(
+                f"reservation by {holder}: asked for {sorted(resources)}, granted {sorted(tokens)}"
+            )
+        for resource, token in tokens.items():
+            self.granted(resource, token, holder, lease)
+
+    def handed_off(self, resource: str, giver_token: int, token: int, receiver: str) -> None:
+        """The giver's lease ``giver_token`` on ``resource`` passed to ``receiver`` with ``token``, which
+        must be above the giver's. The giver stopped acting on it when it sent the hand-off
+        (``released``); the receiver's acceptance (``accepted``) is checked as a grant of ``token``."""
+        self.handoffs_checked += 1
+        state = self._resources.setdefault(resource, _Resource())
+        if token <= giver_token:
+            self._violated(
+                f"{resource}: handed to {receiver} with token {token}, not above the giver's {giver_token}"
+            )
+        state.handed[receiver] = token
+
+    def giver_token_answered(self, resource: str, token: int, refused: bool) -> None:
+        """The giver used its token ``token`` again after handing ``resource`` off: it must be refused."""
+        if not refused:
+            self._violated(f"{resource}: the giver's token {token} was accepted after its hand-off")
+
+    def accepted(self, resource: str, token: int, holder: str, lease: Held) -> None:
+        """``holder`` accepted the hand-off of ``resource`` and holds it with ``token``: the token the
+        hand-off gave it, and a grant like any other."""
+        state = self._resources.setdefault(resource, _Resource())
+        expected = state.handed.pop(holder, None)
+        if expected is not None and token != expected:
+            self._violated(f"{resource}: {holder} accepted token {token}, handed token {expected}")
+        self.granted(resource, token, holder, lease)
+
     def released(self, resource: str, token: int) -> None:
-        """The holder is sending the release: from now on it no longer acts on the resource."""
+        """The holder is sending the release (or hand-off): from now on it no longer acts on the resource."""
         state = self._resources.get(resource)
         for belief in state.beliefs if state is not None else []:
             if belief.token == token:
