@@ -13,7 +13,16 @@ from typing import Any
 from lockledger.errors import parse_datetime
 from lockledger.event import Event, required_datetime
 
-__all__ = ["ForceReleased", "History", "LeaseInfo", "LockInfo", "LockPage", "Released", "Reply"]
+__all__ = [
+    "ForceReleased",
+    "History",
+    "LeaseInfo",
+    "LockInfo",
+    "LockPage",
+    "QueuedAcquire",
+    "Released",
+    "Reply",
+]
 
 
 def _seconds(ms: Any) -> float:
@@ -77,9 +86,23 @@ class ForceReleased:
 
 
 @dataclass(frozen=True)
+class QueuedAcquire:
+    """An acquire waiting for a lock: who, since when, and when its wait (and its place) ends."""
+
+    owner: str
+    since: datetime
+    deadline: datetime
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> QueuedAcquire:
+        return cls(d["owner"], required_datetime(d["since"]), required_datetime(d["deadline"]))
+
+
+@dataclass(frozen=True)
 class LockInfo:
     """A lock's projected state: ``status`` is ``held``, ``free`` or ``expired`` (lapsed, not yet reaped);
-    ``ttl`` is the last grant's lease length in seconds."""
+    ``ttl`` is the last grant's lease length in seconds; ``queue`` the acquires waiting for it, first in
+    line first (``get_lock`` only: lists leave it empty)."""
 
     resource: str
     status: str
@@ -91,6 +114,7 @@ class LockInfo:
     updated_at: datetime
     version: int
     ended_by: str | None
+    queue: tuple[QueuedAcquire, ...] = ()
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LockInfo:
@@ -99,6 +123,7 @@ class LockInfo:
             None if d.get("ttl_ms") is None else _seconds(d["ttl_ms"]),
             parse_datetime(d.get("expires_at")), parse_datetime(d.get("acquired_at")),
             required_datetime(d["updated_at"]), int(d["version"]), d.get("ended_by"),
+            tuple(QueuedAcquire.from_json(q) for q in d.get("queue") or ()),
         )  # fmt: skip
 
 
