@@ -52,6 +52,11 @@ T = TypeVar("T")
 
 # A lease is past its deadline only once the database clock reaches it: try a moment after.
 _DUE_SLACK_S = 0.005
+# A ticket outlives its waiter's wait by this much, so that the waiter's last attempt (at the end of its
+# wait) is still decided with its place in the queue: a ticket that lapsed first would let a later one be
+# granted before it. The waiter removes its ticket as it gives up; only a ticket whose server died (or
+# could not remove it) counts this long after the wait.
+TICKET_GRACE_MS = 1_000
 
 
 class Line:
@@ -158,7 +163,7 @@ class Waiters:
         async with self.line(resource, queued=True) as line:
             try:
                 await self._listener.listening()  # before the ticket: no wake after it may be missed
-                ticket = await self._queue.enter(resource, owner, max(1, int(wait_s * 1000)))
+                ticket = await self._queue.enter(resource, owner, int(wait_s * 1000) + TICKET_GRACE_MS)
             except NotifierUnavailable as error:
                 raise Unavailable(f"cannot queue for {resource}: {error}", retry_after_s=1) from error
             if ticket is None:  # nothing to queue behind: decide again at once
