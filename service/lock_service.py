@@ -166,6 +166,8 @@ class LockService:
             ctx.principal, ctx.idempotency_key, fingerprint(name, command.resource, fields)
         )
         metadata = command_metadata(name, ctx)
+        if ticket is not None:  # the audit trail shows a grant's place in the queue
+            metadata["queue_ticket"] = ticket
         request = LoadRequest(command.resource, ctx.principal, ctx.idempotency_key, _remembered_if(command))
         reads = 0
         while reads <= self._retries:
