@@ -219,6 +219,10 @@ class ReaperStore(Protocol):
         """Forget up to ``batch`` Idempotency-Keys older than ``retention_s``; how many were forgotten."""
         ...
 
+    async def purge_tickets(self, batch: int) -> int:
+        """Forget up to ``batch`` queue tickets past their deadline (their waiters never left); how many."""
+        ...
+
     async def create_partitions(self, interval: str, ahead: int) -> int:
         """Create the log's partitions, one ``interval`` ("day" or "month") each, until ``ahead`` intervals
         past now are covered; how many were created."""

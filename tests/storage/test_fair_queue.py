@@ -22,6 +22,7 @@ from service.composition import lock_service_on_pool
 from service.lock_service import CommandContext, LockService, append_plan
 from service.ports import Idempotency
 from service.queue_store import PostgresQueue, queue_of
+from service.reaper_store import PostgresReaperStore
 from tests.assertions import granted
 
 pytestmark = pytest.mark.storage
@@ -198,3 +199,22 @@ async def test_a_dead_servers_ticket_stops_counting_at_its_deadline(
     lease = granted(await asyncio.wait_for(waiting, GUARD_S))
     assert lease.owner == "next"
     assert lease.fencing_token > token
+
+
+async def test_the_reaper_store_purges_only_lapsed_tickets(service_pool: asyncpg.Pool, resource: str) -> None:
+    service = lock_service_on_pool(service_pool, BOUNDS, wait_poll_s=60)
+    try:
+        granted(await service.execute(Acquire(resource, "holder", 30_000), CommandContext()))
+    finally:
+        await service.close()
+    queue = PostgresQueue(service_pool, 5.0, "dead")
+    lapsed = await queue.enter(resource, "ghost", 1)
+    live = await queue.enter(resource, "waiting", 60_000)
+    await asyncio.sleep(0.01)  # the first ticket's deadline, 1 ms after it was taken, has passed
+    await PostgresReaperStore(service_pool, 5.0).purge_tickets(1_000)
+    async with service_pool.acquire() as conn:
+        left = await conn.fetch("SELECT ticket FROM lock_queue WHERE resource = $1", resource)
+    assert [row["ticket"] for row in left] == [live]
+    assert lapsed is not None
+    assert live is not None
+    assert lapsed < live

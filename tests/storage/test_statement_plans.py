@@ -40,6 +40,7 @@ STATEMENTS = {
     "expire_due": reaper_store.EXPIRE_DUE_SQL,
     "queue_enter": queue_store.ENTER_SQL,
     "queue_leave": queue_store.LEAVE_SQL,
+    "purge_tickets": reaper_store.PURGE_TICKETS_SQL,
 }
 
 
