@@ -119,7 +119,9 @@ class Committed:
 class LockStore(Protocol):
     """Where lock streams are kept. ``commit`` stands only if the stream is still at the expected version
     and, for a renew or release, the lease is still live by the store's clock at that instant; it stamps a
-    grant's deadline from that clock and keeps the response under the Idempotency-Key."""
+    grant's deadline from that clock and keeps the response under the Idempotency-Key. A store that keeps
+    a queue of waiting acquires (PostgreSQL; the fakes keep none) also refuses a grant while a live ticket
+    precedes the plan's own, removes a granted ticket, and says when a freed lock has tickets waiting."""
 
     async def load(self, requests: Sequence[LoadRequest]) -> list[Snapshot]:
         """For each request, in order: the stream head, the store's clock, any stored outcome of the key."""
