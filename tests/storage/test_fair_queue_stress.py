@@ -98,6 +98,35 @@ async def test_the_queue_spans_both_servers_and_shows_in_get(
     assert await _queue(b, resource) == []
 
 
+async def test_a_waiter_whose_client_left_passes_its_turn_to_the_next(
+    two_servers: tuple[ServerProcess, ServerProcess],
+    clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    resource: str,
+) -> None:
+    """First in line on one server, its client gone: the release's NOTIFY wakes it, it sees the closed
+    connection, leaves the queue and wakes the next waiter, on the other server, who is granted."""
+    a, b = clients
+    held = await a.post(f"/v1/locks/{resource}/acquire", json={"owner": "holder"})
+    assert held.status_code == 201
+    body = {"wait_ms": 10_000}
+    async with httpx.AsyncClient(base_url=two_servers[1].base_url, timeout=0.5) as impatient:
+        ghost = asyncio.create_task(
+            impatient.post(f"/v1/locks/{resource}/acquire", json={"owner": "ghost", **body})
+        )
+        await _until_queue(a, resource, ["ghost"])
+        waiting = asyncio.create_task(a.post(f"/v1/locks/{resource}/acquire", json={"owner": "next", **body}))
+        await _until_queue(a, resource, ["ghost", "next"])
+        with pytest.raises(httpx.ReadTimeout):
+            await ghost
+    token = held.json()["fencing_token"]
+    released = await a.post(f"/v1/locks/{resource}/release", json={"owner": "holder", "fencing_token": token})
+    assert released.status_code == 200
+    granted = await asyncio.wait_for(waiting, GUARD_S)
+    assert granted.status_code == 201, granted.text
+    assert granted.json()["owner"] == "next"
+    assert await _queue(b, resource) == []
+
+
 async def test_many_waiters_on_two_servers_keep_every_invariant(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient], admin_pool: asyncpg.Pool, unique_prefix: str
 ) -> None:
