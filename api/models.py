@@ -193,6 +193,12 @@ class ForceReleased(BaseModel):
     reason: str | None = None
 
 
+class QueuedAcquire(BaseModel):
+    owner: str
+    since: Timestamp = Field(description="When it joined the queue (database clock).")
+    deadline: Timestamp = Field(description="When its wait ends, and its place with it.")
+
+
 class LockInfo(BaseModel):
     resource: str
     status: str = Field(
@@ -215,6 +221,11 @@ class LockInfo(BaseModel):
     handed_off_by: str | None = Field(
         default=None,
         description="The giver of a hand-off the holder has not yet accepted or declined; null otherwise.",
+    )
+    queue: list[QueuedAcquire] = Field(
+        default_factory=list,
+        description="The acquires waiting for this lock, first in line first; the next grant is the"
+        " first's. Shown by `GET /v1/locks/{resource}` only (empty in lists).",
     )
 
 

@@ -8,13 +8,14 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from api.auth import require
 from api.dependencies import ResourcePath
-from api.models import History, HistoryEvent, Instant, LockInfo, LockList
+from api.models import History, HistoryEvent, Instant, LockInfo, LockList, QueuedAcquire
 from api.replay import ARCHIVED, mark_live_since
 from api.request_checks import StrictRoute
 from domain.access import Action
 from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
 from projections import queries, replay
 from projections.archived import refuse_archived
+from service.queue_store import queue_of
 
 router = APIRouter(prefix="/v1/locks", tags=["queries"], route_class=StrictRoute)
 
@@ -52,11 +53,14 @@ async def list_locks(
     dependencies=ReadState,
 )
 async def get_lock(resource: ResourcePath, request: Request) -> LockInfo:
+    """A lock's state and the acquires queued for it (``queue``, first in line first)."""
     async with request.app.state.read_pool.acquire() as conn:
         view = await queries.get_lock(conn, resource)
+        waiting = [] if view is None else await queue_of(conn, resource)
     if view is None:
         raise HTTPException(404, f"{resource} has never been locked")
-    return LockInfo(**view.as_json())
+    queue = [QueuedAcquire(owner=w.owner, since=w.since, deadline=w.deadline) for w in waiting]
+    return LockInfo(**view.as_json(), queue=queue)
 
 
 @router.get(

@@ -108,7 +108,8 @@ def _acquire(state: LockState, command: Acquire, now: datetime) -> list[Event]:
     if state.is_live(now):
         assert state.owner is not None
         assert state.expires_at is not None
-        raise LockHeld(state.resource, state.owner, state.expires_at, state.fencing_token)
+        due_in_s = (state.expires_at - now).total_seconds()
+        raise LockHeld(state.resource, state.owner, state.expires_at, state.fencing_token, due_in_s)
     events: list[Event] = []
     if state.is_lapsed(now):
         events.append(_expiry(state))

@@ -23,15 +23,28 @@ class DomainError(Exception):
 
 
 class LockHeld(DomainError):
-    """Another owner (or the same owner, locks are not re-entrant) holds a live lease."""
+    """Another owner (or the same owner, locks are not re-entrant) holds a live lease. ``due_in_s``: how
+    long until the refusal may be overturned by the clock alone (the lease's deadline), when known; a
+    waiting acquire tries again then even if nothing wakes it."""
 
     code = "lock_held"
 
-    def __init__(self, resource: str, holder: str, expires_at: datetime, fencing_token: int) -> None:
-        super().__init__(resource, f"{resource} is held by {holder} until {format_timestamp(expires_at)}")
+    def __init__(
+        self,
+        resource: str,
+        holder: str,
+        expires_at: datetime,
+        fencing_token: int,
+        due_in_s: float | None = None,
+        detail: str | None = None,
+    ) -> None:
+        super().__init__(
+            resource, detail or f"{resource} is held by {holder} until {format_timestamp(expires_at)}"
+        )
         self.holder = holder
         self.expires_at = expires_at
         self.fencing_token = fencing_token
+        self.due_in_s = due_in_s
 
 
 class NotHolder(DomainError):

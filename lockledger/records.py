@@ -13,7 +13,17 @@ from typing import Any
 from lockledger.errors import parse_datetime
 from lockledger.event import Event, required_datetime
 
-__all__ = ["ForceReleased", "HandedOff", "History", "LeaseInfo", "LockInfo", "LockPage", "Released", "Reply"]
+__all__ = [
+    "ForceReleased",
+    "HandedOff",
+    "History",
+    "LeaseInfo",
+    "LockInfo",
+    "LockPage",
+    "QueuedAcquire",
+    "Released",
+    "Reply",
+]
 
 
 def _seconds(ms: Any) -> float:
@@ -98,10 +108,24 @@ class ForceReleased:
 
 
 @dataclass(frozen=True)
+class QueuedAcquire:
+    """An acquire waiting for a lock: who, since when, and when its wait (and its place) ends."""
+
+    owner: str
+    since: datetime
+    deadline: datetime
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> QueuedAcquire:
+        return cls(d["owner"], required_datetime(d["since"]), required_datetime(d["deadline"]))
+
+
+@dataclass(frozen=True)
 class LockInfo:
     """A lock's projected state: ``status`` is ``held``, ``free`` or ``expired`` (lapsed, not yet reaped);
     ``ttl`` is the last grant's lease length in seconds; ``handed_off_by`` the giver of a hand-off the
-    holder has not yet accepted or declined."""
+    holder has not yet accepted or declined; ``queue`` the acquires waiting for it, first in line first
+    (``get_lock`` only: lists leave it empty)."""
 
     resource: str
     status: str
@@ -114,6 +138,7 @@ class LockInfo:
     version: int
     ended_by: str | None
     handed_off_by: str | None = None
+    queue: tuple[QueuedAcquire, ...] = ()
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LockInfo:
@@ -123,6 +148,7 @@ class LockInfo:
             parse_datetime(d.get("expires_at")), parse_datetime(d.get("acquired_at")),
             required_datetime(d["updated_at"]), int(d["version"]), d.get("ended_by"),
             d.get("handed_off_by"),
+            tuple(QueuedAcquire.from_json(q) for q in d.get("queue") or ()),
         )  # fmt: skip
 
 

@@ -6,6 +6,8 @@ the PostgreSQL adapters for them, so tests can wire the in-memory fakes (``servi
 
 from __future__ import annotations
 
+import os
+import socket
 from datetime import timedelta
 
 import asyncpg
@@ -18,6 +20,7 @@ from service.lock_service import LockService
 from service.notifier import PostgresNotifier
 from service.outage import OutageWatch
 from service.projectors import ProjectorRunner
+from service.queue_store import PostgresQueue, QueueListener
 from service.reaper import Reaper
 from service.reaper_store import PostgresReaperStore
 from service.reservation_service import ReservationService
@@ -27,6 +30,11 @@ from service.saga_store import PostgresSagaStore
 from service.store import PostgresStore
 from service.store_adapters import Adapters, build_store
 from service.waiters import Waiters
+
+
+def server_name() -> str:
+    """This server process as the queue's tickets name it: host and process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def lock_service_on_pool(
@@ -47,7 +55,12 @@ def lock_service_on_pool(
     store = build_store(
         PostgresStore(pool, acquire_timeout_s), guard, adapters or Adapters(), SystemClock(), outage_watch
     )
-    waiters = Waiters(PostgresNotifier(pool, acquire_timeout_s), poll_s=wait_poll_s)
+    waiters = Waiters(
+        PostgresNotifier(pool, acquire_timeout_s),
+        poll_s=wait_poll_s,
+        queue=PostgresQueue(pool, acquire_timeout_s, server_name()),
+        listen=lambda on_wake, on_lost: QueueListener(pool, acquire_timeout_s, on_wake, on_lost),
+    )
     return LockService(
         store, bounds, waiters, guard, conflict_retries=conflict_retries, max_wait_ms=max_wait_ms
     )

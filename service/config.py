@@ -65,8 +65,9 @@ class Settings(BaseSettings):
     wait_poll_ms: int = Field(
         default=50,
         ge=1,
-        description="While acquires wait, how often each process asks which awaited locks came free"
-        " through other processes or lapsed (a release through the same process wakes at once).",
+        description="While reservations wait, how often each process asks which awaited locks came free"
+        " through other processes or lapsed (a release through the same process wakes at once; waiting"
+        " acquires are queued in the database and woken by NOTIFY, never polled).",
     )
     conflict_retries: int = Field(
         default=16, description="Re-decisions after losing an expected-version race."

@@ -19,6 +19,7 @@ from domain.commands import Accept, Acquire, Command, Decline, Expire, ForceRele
 from domain.decider import decide, fold
 from domain.errors import DomainError
 from domain.events import Event, LockForceReleased
+from domain.queue import check_turn
 from domain.resource import TtlBounds
 from domain.state import LockState, Status
 from domain.value import value
@@ -143,7 +144,11 @@ class LockService:
             if isinstance(command, Acquire) and command.wait_ms > 0 and self._max_wait_ms > 0:
                 wait_s = min(command.wait_ms, self._max_wait_ms) / 1000
                 result = await self._waiters.acquire(
-                    command.resource, lambda: self._execute(command, ctx), wait_s, abandoned
+                    command.resource,
+                    command.owner,
+                    lambda ticket: self._execute(command, ctx, ticket),
+                    wait_s,
+                    abandoned,
                 )
             else:
                 result = await self._execute(command, ctx)
@@ -153,13 +158,19 @@ class LockService:
         _COUNTS.done(command, result)
         return result
 
-    async def _execute(self, command: Command, ctx: CommandContext) -> CommandResult:
-        """Load, decide, commit; on a lost race, load and decide again (at most ``conflict_retries``)."""
+    async def _execute(
+        self, command: Command, ctx: CommandContext, ticket: int | None = None
+    ) -> CommandResult:
+        """Load, decide, commit; on a lost race, load and decide again (at most ``conflict_retries``).
+        An acquire is decided with the lock's queue too (``domain/queue.py``): it may take a free lock
+        only if no live ticket precedes ``ticket``, its place in the queue (None: it has none)."""
         name, fields = _describe(command)
         idempotency = Idempotency(
             ctx.principal, ctx.idempotency_key, fingerprint(name, command.resource, fields)
         )
         metadata = command_metadata(name, ctx)
+        if ticket is not None:  # the audit trail shows a grant's place in the queue
+            metadata["queue_ticket"] = ticket
         request = LoadRequest(command.resource, ctx.principal, ctx.idempotency_key, _remembered_if(command))
         reads = 0
         while reads <= self._retries:
@@ -173,12 +184,16 @@ class LockService:
                 stored = replay(snapshot.stored, idempotency.fingerprint)
                 return CommandResult(outcome_of(command, json.loads(stored)), replayed=True)
             try:
+                if isinstance(command, Acquire):
+                    check_turn(snapshot.state, snapshot.queue_head, ticket, snapshot.db_now)
                 events = decide(snapshot.state, command, snapshot.db_now, self._bounds)
             except DomainError:
                 if snapshot.remembered:  # a refusal is never answered from memory: read, decide again
                     continue
                 raise
-            plan = append_plan(command, snapshot.state, events, metadata, idempotency, snapshot.remembered)
+            plan = append_plan(
+                command, snapshot.state, events, metadata, idempotency, snapshot.remembered, ticket
+            )
             if plan is None:
                 if snapshot.remembered:
                     continue
@@ -190,6 +205,8 @@ class LockService:
             if committed is not None:
                 if plan.new_state.status == "free":
                     self._waiters.freed(command.resource)
+                    if committed.queued:
+                        await self._waiters.announce(command.resource)
                 return CommandResult(outcome_of(command, plan.response, committed.expires_at))
         raise Unavailable(f"{command.resource} is too contended to decide now; retry", retry_after_s=1)
 
@@ -213,6 +230,7 @@ def append_plan(
     metadata: dict[str, Any],
     idempotency: Idempotency,
     remembered: bool = False,
+    ticket: int | None = None,
 ) -> AppendPlan | None:
     """The append that carries out a decision; None when the decision changes nothing."""
     if not events:
@@ -232,6 +250,7 @@ def append_plan(
         metadata=metadata,
         idempotency=idempotency,
         remembered=remembered,
+        ticket=ticket,
     )
 
 

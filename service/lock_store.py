@@ -2,15 +2,20 @@
 on a state it remembers, ``service/state_cache.py``: then only the commit).
 
 1. ``load_many``: one statement reads, for each command, the stream head (the ``lock_state`` row), the
-   database clock and any stored outcome of the request's Idempotency-Key.
+   database clock, any stored outcome of the request's Idempotency-Key and the first live ticket of the
+   lock's queue (an index probe that finds nothing while nobody waits).
 2. ``commit_many``: one statement, hence one short transaction, that for each plan
    - locks the stream head and checks the expected version (the serialization point of the resource),
    - reads ``clock_timestamp()`` *after* every head is locked and re-checks that a renewed or released
      lease is still live at that instant,
    - appends the events (``eventstore/append.py``; stream version = expected + n, hash chain by trigger),
+   - refuses a grant while a live ticket of the lock's queue precedes the plan's own (``lock_queue_ahead``,
+     a fresh snapshot taken after the head is locked: docs/decisions/0049-fair-queues.md), and removes
+     the ticket of a grant,
    - writes the inline ``lock_state`` projection (``projections/lock_state.py``),
    - records the Idempotency-Key with the exact response body,
-   and returns that body. A plan whose version moved or whose lease lapsed meanwhile writes nothing and
+   and returns that body, and for a plan that frees the lock whether acquires queue for it (then the
+   caller wakes them). A plan whose version moved or whose lease lapsed meanwhile writes nothing and
    gets no row: the caller loads again and decides again.
 
 A single command is a batch of one: ``load`` and ``commit`` send the same statements. The SQL is
@@ -25,7 +30,8 @@ from typing import Any
 import asyncpg
 from pydantic_core import to_json
 
-from domain.events import DEADLINE_FIELD, GRANTING_EVENTS, LEASE_STARTS, event_payload
+from domain.events import DEADLINE_FIELD, GRANTING_EVENTS, LEASE_STARTS, LOCK_ACQUIRED, event_payload
+from domain.queue import Ticket
 from eventstore.append import append_sql, event_rows
 from eventstore.connection import Connection
 from eventstore.payloads import deadline_sql, timestamp_text_sql
@@ -44,7 +50,8 @@ from service.ports import AppendPlan, Committed, Snapshot, StoredOutcome
 LOAD_SQL = f"""
 SELECT q.ord, clock_timestamp() AS db_now,
        s.version, s.status, s.owner, s.fencing_token, s.ttl_ms, s.expires_at, s.ended_by, s.handed_off_by,
-       k.fingerprint, k.response::text AS response
+       k.fingerprint, k.response::text AS response,
+       w.ticket AS queue_ticket, w.owner AS queue_owner, w.deadline AS queue_deadline
   FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS q(resource, principal, key, ord)
   LEFT JOIN LATERAL ({read_head_sql("q.resource")}
        ) AS s ON true
@@ -53,6 +60,12 @@ SELECT q.ord, clock_timestamp() AS db_now,
           FROM idempotency_keys WHERE principal = q.principal AND key = q.key
          LIMIT 1
        ) AS k ON true
+  LEFT JOIN LATERAL (
+        SELECT ticket, owner, deadline
+          FROM lock_queue WHERE resource = q.resource AND deadline > clock_timestamp()
+         ORDER BY ticket
+         LIMIT 1
+       ) AS w ON true
  ORDER BY q.ord
 """
 
@@ -71,7 +84,10 @@ def _snapshot(resource: str, row: asyncpg.Record) -> Snapshot:
     stored = None
     if row["fingerprint"] is not None:
         stored = StoredOutcome(bytes(row["fingerprint"]), row["response"])
-    return Snapshot(db_now=row["db_now"], state=state, stored=stored)
+    head = None
+    if row["queue_ticket"] is not None:
+        head = Ticket(row["queue_ticket"], row["queue_owner"], row["queue_deadline"])
+    return Snapshot(db_now=row["db_now"], state=state, stored=stored, queue_head=head)
 
 
 # Plans on distinct resources and keys in one statement and so one transaction (and one WAL flush). Each
@@ -103,7 +119,8 @@ WITH c AS (
         AS c(cmd bigint, resource text, expected bigint, require_live boolean, grant_ttl integer,
              n_events integer, status text, owner text, token bigint, ttl integer,
              ended_expires_at timestamptz, ended_by text, principal text, key text, fingerprint text,
-             response jsonb, metadata jsonb, acquires boolean, handed_off_by text)
+             response jsonb, metadata jsonb, acquires boolean, handed_off_by text, takes_free boolean,
+             ticket bigint)
 ),
 head AS ({lock_heads_sql("c")}
 ),
@@ -120,7 +137,9 @@ fresh AS ({create_heads_sql("planned")}
 ),
 ok AS (
     SELECT planned.* FROM planned JOIN head USING (cmd)
-     WHERE NOT planned.require_live OR {live_sql("head.held_until", "planned.ts")}
+     WHERE (NOT planned.require_live OR {live_sql("head.held_until", "planned.ts")})
+       AND CASE WHEN planned.takes_free
+                THEN NOT lock_queue_ahead(planned.resource, planned.ticket, planned.ts) ELSE true END
     UNION ALL
     SELECT planned.* FROM planned JOIN fresh USING (resource)
 ),
@@ -128,12 +147,17 @@ projected AS ({advance_heads_sql("ok")}
 ),
 appended AS ({append_sql("ok", "$2::json")}
 ),
+dequeued AS (
+    DELETE FROM lock_queue WHERE ticket = ANY(ARRAY(SELECT ok.ticket FROM ok WHERE ok.ticket IS NOT NULL))
+),
 answered AS (
     SELECT ok.cmd, ok.ts, ok.new_expires_at, ok.principal, ok.key,
            decode(ok.fingerprint, 'hex') AS fingerprint, ok.resource,
            CASE WHEN ok.grant_ttl IS NULL THEN ok.response
                 ELSE ok.response || jsonb_build_object('{DEADLINE_FIELD}', {_ANSWERED_DEADLINE})
-            END AS body
+            END AS body,
+           CASE WHEN ok.status = 'free' THEN lock_queue_ahead(ok.resource, NULL, ok.ts)
+                ELSE false END AS queued
       FROM ok
 ),
 remembered AS (
@@ -143,7 +167,7 @@ remembered AS (
      WHERE key IS NOT NULL
  RETURNING 1
 )
-SELECT cmd, new_expires_at AS expires_at FROM answered
+SELECT cmd, new_expires_at AS expires_at, queued FROM answered
 """
 
 
@@ -168,7 +192,7 @@ async def commit_many(conn: Connection, plans: list[AppendPlan]) -> list[Committ
         commands.append(_command_row(number, plan))
         events.append(_event_payloads(plan))
     rows = await conn.fetch(COMMIT_SQL, _json(commands), _json(event_rows(events)))
-    by_command = {row["cmd"]: Committed(row["expires_at"]) for row in rows}
+    by_command = {row["cmd"]: Committed(row["expires_at"], row["queued"]) for row in rows}
     return [by_command.get(number) for number in range(1, len(plans) + 1)]
 
 
@@ -191,4 +215,7 @@ def _command_row(number: int, plan: AppendPlan) -> dict[str, Any]:
         "response": plan.response, "metadata": plan.metadata,
         "acquires": any(event.type in LEASE_STARTS for event in plan.events),
         "handed_off_by": new.handed_off_by,
+        # Only a free lock's taking waits its turn in the queue: a hand-off passes a held one on.
+        "takes_free": any(event.type == LOCK_ACQUIRED for event in plan.events),
+        "ticket": plan.ticket,
     }  # fmt: skip

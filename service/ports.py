@@ -11,8 +11,9 @@ entitles the fakes to stand in for PostgreSQL in behaviour tests.
 - ``SagaStore``: the same for one saga transition (``service/saga_store.py``).
 - ``ReaperStore``: what a reaper pass does in the store: expire lapsed leases, find lapsed sagas, purge
   old Idempotency-Keys (``service/reaper_store.py``).
-- ``Notifier``: which awaited locks may have come free, what wakes waiting acquires
+- ``Notifier``: which awaited locks may have come free, what wakes waiting reservations
   (``service/notifier.py``).
+- ``Queue`` and ``Listener``: the fair queue of waiting acquires and its wakes (``service/queue_store.py``).
 - ``Clock``: the instant decisions are serialized at. In PostgreSQL it is ``clock_timestamp()``, read
   inside the very statement that serializes the decision, so the PostgreSQL adapters take no clock object;
   the fakes serialize in this process and read a ``Clock`` (``service/clock.py``: a settable one in tests).
@@ -26,6 +27,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from domain.events import Event
+from domain.queue import Ticket
 from domain.saga import SagaEvent, SagaState
 from domain.state import LockState, Status
 from domain.value import value
@@ -90,6 +92,7 @@ class Snapshot:
     state: LockState
     stored: StoredOutcome | None
     remembered: bool = False  # answered from this process's memory, not read (service/store_adapters.py)
+    queue_head: Ticket | None = None  # the first live ticket of the lock's queue (domain/queue.py)
 
 
 @value
@@ -104,17 +107,21 @@ class AppendPlan:
     metadata: dict[str, Any]
     idempotency: Idempotency
     remembered: bool = False  # decided on a remembered state, not one just read
+    ticket: int | None = None  # the waiting acquire's ticket: the grant stands only if none precedes it
 
 
 @value
 class Committed:
     expires_at: datetime | None  # the lease deadline as stored (a grant's is stamped by the commit)
+    queued: bool = False  # the lock came free while acquires queue for it: wake them (a NOTIFY)
 
 
 class LockStore(Protocol):
     """Where lock streams are kept. ``commit`` stands only if the stream is still at the expected version
     and, for a renew or release, the lease is still live by the store's clock at that instant; it stamps a
-    grant's deadline from that clock and keeps the response under the Idempotency-Key."""
+    grant's deadline from that clock and keeps the response under the Idempotency-Key. A store that keeps
+    a queue of waiting acquires (PostgreSQL; the fakes keep none) also refuses a grant while a live ticket
+    precedes the plan's own, removes a granted ticket, and says when a freed lock has tickets waiting."""
 
     async def load(self, requests: Sequence[LoadRequest]) -> list[Snapshot]:
         """For each request, in order: the stream head, the store's clock, any stored outcome of the key."""
@@ -214,6 +221,10 @@ class ReaperStore(Protocol):
         """Forget up to ``batch`` Idempotency-Keys older than ``retention_s``; how many were forgotten."""
         ...
 
+    async def purge_tickets(self, batch: int) -> int:
+        """Forget up to ``batch`` queue tickets past their deadline (their waiters never left); how many."""
+        ...
+
     async def create_partitions(self, interval: str, ahead: int) -> int:
         """Create the log's partitions, one ``interval`` ("day" or "month") each, until ``ahead`` intervals
         past now are covered; how many were created."""
@@ -232,3 +243,33 @@ class Notifier(Protocol):
         """Which of ``resources`` are free now, or held past their deadline by the store's clock. Raises
         ``NotifierUnavailable`` when it cannot tell."""
         ...
+
+
+# --- the fair queue ---------------------------------------------------------------------------------
+
+
+class Queue(Protocol):
+    """The queue of waiting acquires, kept where the grants are serialized (docs/decisions/0049)."""
+
+    async def enter(self, resource: str, owner: str, wait_ms: int) -> int | None:
+        """A ticket at the end of ``resource``'s queue, live for ``wait_ms`` by the store's clock; None
+        when there is nothing to wait for. Raises ``NotifierUnavailable``."""
+        ...
+
+    async def leave(self, ticket: int) -> None:
+        """Remove ``ticket`` (if still there) and wake the waiters behind it; never raises."""
+        ...
+
+    async def announce(self, resource: str) -> None:
+        """Wake every server's waiters on ``resource`` (it came free); never raises."""
+        ...
+
+
+class Listener(Protocol):
+    """What carries the queue's wakes to this server's waiters."""
+
+    async def listening(self) -> None:
+        """Return once wakes are delivered. Raises ``NotifierUnavailable``."""
+        ...
+
+    async def close(self) -> None: ...

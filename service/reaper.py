@@ -1,6 +1,6 @@
 """The reaper: expires leases whose holders stopped heartbeating, lapses sagas whose orchestrators did,
-purges old Idempotency-Keys and creates the event log's partitions ahead (at its first pass, then every
-few minutes; docs/operations.md).
+purges old Idempotency-Keys and lapsed queue tickets, and creates the event log's partitions ahead (at
+its first pass, then every few minutes; docs/operations.md).
 
 A pass asks the ``ReaperStore`` port (``service/ports.py``; in PostgreSQL ``service/reaper_store.py``)
 to expire what is due, safely with several reapers at once and never racing a renew that committed
@@ -104,6 +104,7 @@ class Reaper:
                 settings.idempotency_retention_s, settings.idempotency_purge_batch
             )
             KEYS_PURGED_TOTAL.inc(purged)
+            await self._store.purge_tickets(settings.idempotency_purge_batch)
             # Keep purging without pause while there is a backlog; otherwise look again in 10 s.
             self._next_purge = 0.0 if purged >= settings.idempotency_purge_batch else time.monotonic() + 10
         lapsed = await lapse_sagas(self._sagas, due, self.reaper_id)

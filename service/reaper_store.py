@@ -103,6 +103,15 @@ async def purge_expired(conn: Connection, retention_s: int, batch: int) -> int:
     return int(status.split()[-1])
 
 
+# Tickets of waiters that never left (their server died): they stopped counting at their deadline
+# (docs/decisions/0049-fair-queues.md); this only keeps the table small.
+PURGE_TICKETS_SQL = """
+DELETE FROM lock_queue
+ WHERE ticket = ANY(ARRAY(
+       SELECT ticket FROM lock_queue WHERE deadline < clock_timestamp() ORDER BY deadline LIMIT $1))
+"""
+
+
 DUE_SQL = """
 SELECT saga_id, clock_timestamp() AS now FROM saga_state
  WHERE lease_expires_at IS NOT NULL AND lease_expires_at <= clock_timestamp()
@@ -135,6 +144,11 @@ class PostgresReaperStore:
     async def purge_keys(self, retention_s: int, batch: int) -> int:
         async with connection(self._pool, self._timeout_s) as conn:
             return await purge_expired(conn, retention_s, batch)
+
+    async def purge_tickets(self, batch: int) -> int:
+        async with connection(self._pool, self._timeout_s) as conn:
+            status = await conn.execute(PURGE_TICKETS_SQL, batch)
+        return int(status.split()[-1])
 
     async def create_partitions(self, interval: str, ahead: int) -> int:
         async with connection(self._pool, self._timeout_s) as conn:

@@ -24,10 +24,12 @@ from prometheus_client import Counter
 from domain.commands import Acquire, Command, Release, Renew
 from domain.errors import DomainError, LockHeld
 from domain.events import DEADLINE_FIELD, Event, LockAcquired, LockRenewed
+from domain.queue import check_turn
 from domain.reservation import (
     ReleaseReservation,
     RenewReservation,
     ReservationCommand,
+    ReservationHeld,
     Reserve,
     ReservedLease,
     decide_reservation,
@@ -41,7 +43,15 @@ from domain.value import value
 from service.errors import Unavailable
 from service.idempotency import fingerprint, replay
 from service.lock_service import CommandContext, append_plan, command_metadata
-from service.ports import AppendPlan, AtomicLockStore, CommitConflict, Idempotency, LoadRequest, LockStore
+from service.ports import (
+    AppendPlan,
+    AtomicLockStore,
+    CommitConflict,
+    Idempotency,
+    LoadRequest,
+    LockStore,
+    Snapshot,
+)
 from service.waiters import Waiters
 
 RESERVATIONS_TOTAL = Counter(
@@ -187,6 +197,8 @@ class ReservationService:
             states = {
                 resource: snapshot.state for resource, snapshot in zip(resources, snapshots, strict=True)
             }
+            if isinstance(command, Reserve):
+                _check_turns(snapshots, now)
             decided = decide_reservation(states, command, now, self._bounds)
             answer = _answer(command, decided)
             plans = [
@@ -199,9 +211,11 @@ class ReservationService:
                 continue  # the next load sees the winner (its key's answer, or its leases)
             if committed is None:
                 continue  # a stream moved on, or a lease lapsed, since the load: decide again
-            for plan in plans:
+            for plan, done in zip(plans, committed, strict=True):
                 if plan.new_state.status == "free":
                     self._waiters.freed(plan.new_state.resource)
+                    if done.queued:
+                        await self._waiters.announce(plan.new_state.resource)
             deadline = committed[0].expires_at
             return ReservationResult(_outcome(answer, deadline))
         raise Unavailable("these resources are too contended to reserve now; retry", retry_after_s=1)
@@ -296,3 +310,16 @@ def _fingerprint(command: ReservationCommand) -> bytes:
 
 def _shutting_down() -> Unavailable:
     return Unavailable("this server is shutting down; retry", retry_after_s=1)
+
+
+def _check_turns(snapshots: list[Snapshot], now: datetime) -> None:
+    """A reservation holds no ticket: it takes no free lock that acquires queue for (``domain/queue.py``);
+    ``ReservationHeld`` names each such lock."""
+    queued: list[LockHeld] = []
+    for snapshot in snapshots:
+        try:
+            check_turn(snapshot.state, snapshot.queue_head, None, now)
+        except LockHeld as held:
+            queued.append(held)
+    if queued:
+        raise ReservationHeld(tuple(queued))

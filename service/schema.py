@@ -8,6 +8,9 @@ api_tokens: who may call the API, and as what role (`lockledger tokens`).
 
 outage_beacon: one row, written every second by each running instance; a gap in it is an outage after
 which live leases are extended (service/outage.py).
+
+lock_queue: the tickets of waiting acquires, in arrival order (``ticket``); a ticket stops counting at its
+``deadline`` (service/queue_store.py, docs/decisions/0049-fair-queues.md).
 """
 
 from __future__ import annotations
@@ -68,4 +71,17 @@ outage_beacon = Table(
     Column("beat_at", TIMESTAMP(timezone=True), nullable=False),
     Column("beaten_by", Text, nullable=False),
     CheckConstraint("id = 1", name="outage_beacon_one_row"),
+)
+
+lock_queue = Table(
+    "lock_queue",
+    metadata,
+    Column("ticket", BigInteger, Identity(always=True), primary_key=True),
+    Column("resource", Text, nullable=False),
+    Column("owner", Text, nullable=False),
+    Column("server", Text, nullable=False),
+    Column("since", TIMESTAMP(timezone=True), nullable=False),
+    Column("deadline", TIMESTAMP(timezone=True), nullable=False),
+    Index("lock_queue_resource_ticket_idx", "resource", "ticket"),
+    Index("lock_queue_deadline_idx", "deadline"),
 )

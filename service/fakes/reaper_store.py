@@ -63,6 +63,10 @@ class MemoryReaperStore:
             del self._db.keys[key]
         return len(old)
 
+    async def purge_tickets(self, batch: int) -> int:
+        """The fakes keep no queue (their waiters take turns in this process): nothing to purge."""
+        return 0
+
     async def create_partitions(self, interval: str, ahead: int) -> int:
         """The process's log is one list: nothing to partition."""
         return 0

@@ -96,7 +96,7 @@ async def _run(schedule: list[Agent]) -> tuple[FakeLock, dict[str, str], Waiters
             present_when_asked = leaves_at is None or time.monotonic() < leaves_at
             return not present_when_asked
 
-        async def attempt() -> str:
+        async def attempt(_ticket: int | None) -> str:
             nonlocal attempts, present_when_asked
             attempts += 1
             if attempts > 1:  # every attempt after the first is preceded by asking, and only if present
@@ -105,7 +105,7 @@ async def _run(schedule: list[Agent]) -> tuple[FakeLock, dict[str, str], Waiters
             return lock.attempt(name)
 
         try:
-            await waiters.acquire(RESOURCE, attempt, spec.wait_ms / 1000, abandoned)
+            await waiters.acquire(RESOURCE, name, attempt, spec.wait_ms / 1000, abandoned)
         except LockHeld:
             waited = time.monotonic() - arrived
             gone = present_when_asked is False

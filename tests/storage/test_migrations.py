@@ -48,6 +48,7 @@ EXPECTED_TABLES = {
     "projector_checkpoints",
     "holding_periods",
     "agent_stats",
+    "lock_queue",
 }
 SCRATCH = "lockledger_schema_check"
 

@@ -27,17 +27,20 @@ import asyncpg
 import pytest
 
 from eventstore.connection import Connection
-from service import lock_store, reaper_store
+from service import lock_store, queue_store, reaper_store
 from service.config import Settings
 from service.database import COMMAND_PATH_SETTINGS, create_pool
 
 pytestmark = pytest.mark.storage
 
-TABLES = ("lock_state", "events", "idempotency_keys", "outage_beacon")
+TABLES = ("lock_state", "events", "idempotency_keys", "outage_beacon", "lock_queue")
 STATEMENTS = {
     "load": lock_store.LOAD_SQL,
     "commit": lock_store.COMMIT_SQL,
     "expire_due": reaper_store.EXPIRE_DUE_SQL,
+    "queue_enter": queue_store.ENTER_SQL,
+    "queue_leave": queue_store.LEAVE_SQL,
+    "purge_tickets": reaper_store.PURGE_TICKETS_SQL,
 }
 
 
@@ -51,7 +54,9 @@ async def empty_tables(admin_pool: asyncpg.Pool, request: pytest.FixtureRequest)
         try:
             for table in TABLES:
                 await conn.execute(f"CREATE TABLE {schema}.{table} (LIKE public.{table} INCLUDING ALL)")
-            await conn.execute(f"SET search_path = {schema}")
+            # public stays on the path for the functions the statements call (lock_queue_ahead), whose
+            # own queries then find the new copies first.
+            await conn.execute(f"SET search_path = {schema}, public")
             if request.param == "analyzed while tiny":
                 await _three_rows_each(conn)
                 await conn.execute("ANALYZE")

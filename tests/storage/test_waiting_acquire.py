@@ -104,6 +104,7 @@ async def test_http_a_client_that_gave_up_waiting_takes_no_lock(
     await asyncio.sleep(0.5)
     state = (await http.get(f"/v1/locks/{resource}")).json()
     assert state["status"] == "free"
+    assert state["queue"] == []  # it left the queue as it woke
     history = (await http.get(f"/v1/locks/{resource}/history")).json()["events"]
     assert [event["type"] for event in history] == ["LOCK_ACQUIRED", "LOCK_RELEASED"]
 
