@@ -234,3 +234,37 @@ async def test_with_authentication_the_giver_is_the_principal_and_the_receiver_i
             f"/v1/locks/{resource}/renew", json={"fencing_token": token}, headers=auth("giver")
         )
         assert_problem(stale, 403, "forbidden")
+
+
+async def test_a_hand_off_passes_a_queued_lock_on_and_the_queue_is_served_after(
+    http: httpx.AsyncClient, resource: str, unique_prefix: str
+) -> None:
+    """A hand-off passes a held lease on: it does not wait for the acquires queued for the lock, which
+    are served when the receiver lets it go."""
+    giver, receiver, waiter = (f"{unique_prefix}{name}" for name in ("agv-1", "forklift-1", "agv-2"))
+    token = await acquire(http, resource, giver)
+    waiting = asyncio.create_task(
+        http.post(
+            f"/v1/locks/{resource}/acquire", json={"owner": waiter, "ttl_ms": 20_000, "wait_ms": 20_000}
+        )
+    )
+    for _ in range(200):  # until the waiter's ticket is in the queue
+        if (await http.get(f"/v1/locks/{resource}")).json()["queue"]:
+            break
+        await asyncio.sleep(0.05)
+    handed = await http.post(
+        f"/v1/locks/{resource}/handoff",
+        json={"owner": giver, "fencing_token": token, "to": receiver, "accept_within_ms": 10_000},
+    )
+    assert handed.status_code == 200, handed.text
+    state = (await http.get(f"/v1/locks/{resource}")).json()
+    assert state["owner"] == receiver
+    assert [queued["owner"] for queued in state["queue"]] == [waiter]
+    assert not waiting.done()
+
+    declined = await http.post(f"/v1/locks/{resource}/decline", json={"owner": receiver})
+    assert declined.status_code == 200, declined.text
+    granted = await asyncio.wait_for(waiting, timeout=15)
+    assert granted.status_code == 201, granted.text
+    assert granted.json()["fencing_token"] > handed.json()["fencing_token"]
+    assert (await http.get(f"/v1/locks/{resource}")).json()["queue"] == []
