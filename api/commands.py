@@ -7,7 +7,8 @@ and if given must be the principal's name (403 otherwise). In dev mode the body 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Awaitable
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends
 from fastapi.exceptions import RequestValidationError
@@ -64,13 +65,23 @@ def lease_owner(claimed: str | None, caller: Principal) -> str:
     return caller.name
 
 
-async def _run(
-    command: Command, call: CommandCall, model: type[BaseModel], status_code: int = 200
+class Executed(Protocol):
+    """What a use case's ``execute`` returns: the outcome, and whether a stored one was replayed."""
+
+    @property
+    def outcome(self) -> object: ...
+
+    @property
+    def replayed(self) -> bool: ...
+
+
+async def render_outcome(
+    executing: Awaitable[Executed], call: CommandCall, model: type[BaseModel], status_code: int = 200
 ) -> Response:
-    """Execute ``command`` and render its outcome through ``model``, the response model the route
+    """Await a command's execution and render its outcome through ``model``, the response model the route
     documents; a replayed Idempotency-Key is rendered from the stored outcome, so byte for byte alike."""
     try:
-        result = await call.service.execute(command, call.context, call.disconnected)
+        result = await executing
     except NotOwner as error:
         if call.caller.authenticated:
             raise Forbidden(f"the lease on {error.resource} belongs to {error.holder}") from error
@@ -78,6 +89,13 @@ async def _run(
     body = model.model_validate(result.outcome, from_attributes=True).model_dump_json()
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
     return Response(body, status_code=status_code, media_type="application/json", headers=headers)
+
+
+async def _run(
+    command: Command, call: CommandCall, model: type[BaseModel], status_code: int = 200
+) -> Response:
+    executing = call.service.execute(command, call.context, call.disconnected)
+    return await render_outcome(executing, call, model, status_code)
 
 
 @router.post("/{resource}/acquire", status_code=201, response_model=Lease, responses=problems(409, 422, 503))

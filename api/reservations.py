@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from api.command_route import CommandCall, CommandRoute
-from api.commands import Holder, lease_owner, problems
+from api.commands import Holder, lease_owner, problems, render_outcome
 from api.reservation_models import (
     ReleaseReservationRequest,
     RenewReservationRequest,
@@ -21,7 +21,6 @@ from api.reservation_models import (
     ReservationReleased,
     ReserveRequest,
 )
-from domain.errors import NotOwner
 from domain.reservation import (
     RESERVATION_ID_MAX_LENGTH,
     RESERVATION_ID_PATTERN,
@@ -31,7 +30,6 @@ from domain.reservation import (
     Reserve,
     ReservedLease,
 )
-from service.errors import Forbidden
 from service.reservation_service import ReservationService
 
 router = APIRouter(prefix="/v1/reservations", tags=["reservations"], route_class=CommandRoute)
@@ -59,16 +57,9 @@ async def _run(
     model: type[BaseModel],
     status_code: int = 200,
 ) -> Response:
-    """Execute ``command`` and render its outcome through ``model``; a replay renders the stored one."""
-    try:
-        result = await _service(request).execute(command, call.context, call.disconnected)
-    except NotOwner as error:
-        if call.caller.authenticated:
-            raise Forbidden(f"the lease on {error.resource} belongs to {error.holder}") from error
-        raise
-    body = model.model_validate(result.outcome, from_attributes=True).model_dump_json()
-    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
-    return Response(body, status_code=status_code, media_type="application/json", headers=headers)
+    """Execute ``command`` and render its outcome as a lock command's is (``api/commands.py``)."""
+    executing = _service(request).execute(command, call.context, call.disconnected)
+    return await render_outcome(executing, call, model, status_code)
 
 
 @router.post("", status_code=201, response_model=Reservation, responses=problems(409, 422, 503))
