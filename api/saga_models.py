@@ -12,7 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.models import Owner, Timestamp, WholeNumber
 from domain.resource import RESOURCE_MAX_LENGTH, RESOURCE_PATTERN
-from domain.saga import MAX_LOCKS_PER_STEP, MAX_RESULT_BYTES, MAX_STEPS, SAGA_ID_MAX_LENGTH, SAGA_ID_PATTERN
+from domain.saga import (
+    MAX_LOCKS_PER_ROUTE,
+    MAX_LOCKS_PER_STEP,
+    MAX_RESULT_BYTES,
+    MAX_STEPS,
+    SAGA_ID_MAX_LENGTH,
+    SAGA_ID_PATTERN,
+)
 
 SagaId = Annotated[
     str,
@@ -39,6 +46,11 @@ class StepSpec(_Body):
     name: SagaId
     locks: list[Resource] = Field(
         default_factory=list, max_length=MAX_LOCKS_PER_STEP, description="The resources the step locks."
+    )
+    route: bool = Field(
+        default=False,
+        description="Take the locks as one reservation: all or none, each lock once, at most"
+        f" {MAX_LOCKS_PER_ROUTE}; the step's `reservation_id` names it in the locks' events.",
     )
 
 
@@ -78,6 +90,8 @@ class SagaStep(BaseModel):
     result: dict[str, Any] | None
     error: str | None
     compensation_failures: int
+    route: bool = Field(description="The step takes its locks as one reservation.")
+    reservation_id: str | None = Field(description="A route step's reservation; null for other steps.")
 
 
 class Saga(BaseModel):

@@ -193,7 +193,7 @@ async def create_saga(request: Request, body: CreateSagaRequest, call: Driver) -
     names = [step.name for step in body.steps]
     if len(set(names)) != len(names):
         raise Conflict("step names must be unique within a saga")
-    steps = tuple(StepDef(step.name, tuple(step.locks)) for step in body.steps)
+    steps = tuple(StepDef(step.name, tuple(step.locks), step.route) for step in body.steps)
     start = StartSaga(saga_id, body.name, owner, steps, body.policy, lease_ms)
     return await _run(request, start, call)
 

@@ -20,15 +20,22 @@ Repeating a transition that already happened (the same step, the same target) ch
 returns no events, so an orchestrator that resumes may redo its last call safely. Any other transition
 the state does not allow raises :class:`SagaConflict`, which names the saga's status and the step it
 expects next. Pure functions over plain data, like ``domain/decider.py``.
+
+A *route* step takes its locks as one reservation (``domain/reservation.py``): all or none, one heartbeat
+for the set. Its locks must then be distinct and at most a reservation's maximum; its reservation id is
+made from the saga and the step (``route_reservation_id``), so any orchestrator, and the log, name the
+same reservation; ``STEP_STARTED`` records it.
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from domain.errors import DomainError, InvalidCommand
+from domain.reservation import MAX_RESOURCES
 from domain.value import value
 
 # A saga id or step name is one URL path segment: the resource rule (not only dots, which a client would
@@ -39,9 +46,11 @@ MAX_STEPS = 32
 MAX_LOCKS_PER_STEP = 16
 MAX_RESULT_BYTES = 4096
 MAX_COMPENSATION_FAILURES = 5  # the fifth failure of one step's compensation makes the saga stuck
+MAX_LOCKS_PER_ROUTE = min(MAX_LOCKS_PER_STEP, MAX_RESOURCES)  # a route step's locks: one reservation
 STREAM_PREFIX = "saga/"  # "/" is never in a lock resource: no lock can share a saga's stream
 
 _ID_RE = re.compile(SAGA_ID_PATTERN)
+_ROUTE_NAMESPACE = uuid.UUID("0f8e3c52-7a41-4d0b-b1f6-2a9d5c3e8b70")  # route reservation ids
 
 SagaStatus = Literal["running", "compensating", "completed", "aborted", "stuck"]
 StepStatus = Literal["pending", "running", "completed", "failed", "compensating", "compensated"]
@@ -77,6 +86,18 @@ def stream_id(saga_id: str) -> str:
     return STREAM_PREFIX + saga_id
 
 
+def step_fields(step: StepDef) -> dict[str, Any]:
+    """A step of a definition as plain fields (the log's payload, a start's fingerprint); ``route`` only
+    when set, so a definition without route steps reads as it did before they existed."""
+    return {"name": step.name, "locks": list(step.locks), **({"route": True} if step.route else {})}
+
+
+def route_reservation_id(saga_id: str, step: str) -> str:
+    """The reservation a route step takes its locks as: the same for the saga's every orchestrator, and
+    distinct for every (saga, step) whatever characters they contain (a UUID fits the id's 100)."""
+    return str(uuid.uuid5(_ROUTE_NAMESPACE, f"{saga_id}\n{step}"))
+
+
 # --- state -------------------------------------------------------------------------------------------
 
 
@@ -84,6 +105,7 @@ def stream_id(saga_id: str) -> str:
 class StepDef:
     name: str
     locks: tuple[str, ...]
+    route: bool = False  # the locks are taken as one reservation, all or none
 
 
 @value
@@ -94,6 +116,8 @@ class StepState:
     result: str | None = None  # what the step recorded, as JSON text (stored as given)
     error: str | None = None
     compensation_failures: int = 0
+    route: bool = False
+    reservation_id: str | None = None  # a route step's reservation (``route_reservation_id``)
 
 
 @value
@@ -116,7 +140,12 @@ class SagaState:
         return next((step for step in self.steps if step.name == name), None)
 
     def definition(self) -> tuple[str, str, Policy, tuple[StepDef, ...]]:
-        return self.name, self.owner, self.policy, tuple(StepDef(s.name, s.locks) for s in self.steps)
+        return (
+            self.name,
+            self.owner,
+            self.policy,
+            tuple(StepDef(s.name, s.locks, s.route) for s in self.steps),
+        )
 
     def expected_step(self) -> str | None:
         """The step the saga waits on: the running one, the next to start, or the next to compensate."""
@@ -235,6 +264,7 @@ class SagaStarted:
 @value
 class StepStarted:
     step: str
+    reservation_id: str | None = None  # a route step's: the reservation its locks are taken as
     type: str = STEP_STARTED
 
 
@@ -422,6 +452,11 @@ def _validate_definition(command: StartSaga) -> None:
         problems.append("a step name is 1-100 characters of [A-Za-z0-9._:-], not only dots")
     if any(len(step.locks) > MAX_LOCKS_PER_STEP for step in command.steps):
         problems.append(f"a step takes at most {MAX_LOCKS_PER_STEP} locks")
+    routes = [step for step in command.steps if step.route]
+    if any(not 1 <= len(step.locks) <= MAX_LOCKS_PER_ROUTE for step in routes):
+        problems.append(f"a route step takes 1-{MAX_LOCKS_PER_ROUTE} locks")
+    if any(len(set(step.locks)) != len(step.locks) for step in routes):
+        problems.append("a route step names each lock once")
     if command.lease_ms is not None and command.lease_ms <= 0:
         problems.append("lease_ms is a positive number of milliseconds")
     if problems:
@@ -433,7 +468,7 @@ def _start_step(state: SagaState, step: StepState) -> list[SagaEvent]:
         return []
     if state.status != "running" or step.name != state.expected_step() or step.status != "pending":
         raise _refuse(state, f"start step {step.name}")
-    return [StepStarted(step.name)]
+    return [StepStarted(step.name, step.reservation_id)]
 
 
 def _complete_step(state: SagaState, step: StepState, result: str | None) -> list[SagaEvent]:
@@ -549,7 +584,10 @@ def evolve(state: SagaState, event: SagaEvent) -> SagaState:
     """The saga after ``event``."""
     version = state.version + 1
     if isinstance(event, SagaStarted):
-        steps = tuple(StepState(step.name, step.locks) for step in event.steps)
+        steps = tuple(
+            StepState(step.name, step.locks, route=step.route, reservation_id=_reservation(state, step))
+            for step in event.steps
+        )
         return SagaState(
             state.saga_id, version, event.name, event.owner, event.policy, "running", None, steps,
             event.lease_ms,
@@ -583,6 +621,10 @@ def evolve(state: SagaState, event: SagaEvent) -> SagaState:
         return _with(state, version=version, status="aborted")
     assert isinstance(event, SagaStuck)
     return _with(state, version=version, status="stuck", reason=event.reason)
+
+
+def _reservation(state: SagaState, step: StepDef) -> str | None:
+    return route_reservation_id(state.saga_id, step.name) if step.route else None
 
 
 def fold(state: SagaState, events: list[SagaEvent]) -> SagaState:
@@ -633,6 +675,8 @@ def _with_step(
             step.result if result is None else result,
             step.error if error is None else error,
             step.compensation_failures if compensation_failures is None else compensation_failures,
+            step.route,
+            step.reservation_id,
         )
         if step.name == name
         else step

@@ -42,6 +42,7 @@ from domain.saga import (
     StepDef,
     StepFailed,
     StepStarted,
+    step_fields,
 )
 from domain.timestamps import format_timestamp
 
@@ -61,7 +62,7 @@ def saga_event_payload(event: SagaEvent) -> dict[str, Any]:
             "name": event.name,
             "owner": event.owner,
             "policy": event.policy,
-            "steps": [{"name": step.name, "locks": list(step.locks)} for step in event.steps],
+            "steps": [step_fields(step) for step in event.steps],
             "lease_ms": event.lease_ms,
         }
     if isinstance(event, SagaLeaseExpired):
@@ -80,20 +81,26 @@ def saga_event_payload(event: SagaEvent) -> dict[str, Any]:
         return {"reason": event.reason}
     if isinstance(event, SagaCompleted | SagaLeaseRenewed | SagaLeaseExtended):
         return {}
+    if isinstance(event, StepStarted) and event.reservation_id is not None:
+        return {"step": event.step, "reservation_id": event.reservation_id}
     return {"step": event.step}  # STEP_STARTED, COMPENSATION_STARTED, COMPENSATION_COMPLETED
 
 
 def saga_event_from_payload(event_type: str, data: dict[str, Any]) -> SagaEvent:
     """Inverse of :func:`saga_event_payload`, used by rebuild."""
     if event_type == SAGA_STARTED:
-        steps = tuple(StepDef(str(s["name"]), tuple(str(r) for r in s["locks"])) for s in data["steps"])
+        steps = tuple(
+            StepDef(str(s["name"]), tuple(str(r) for r in s["locks"]), bool(s.get("route", False)))
+            for s in data["steps"]
+        )
         lease_ms = data.get("lease_ms")  # absent from sagas started before leases
         return SagaStarted(
             str(data["name"]), str(data["owner"]), data["policy"], steps,
             None if lease_ms is None else int(lease_ms),
         )  # fmt: skip
     if event_type == STEP_STARTED:
-        return StepStarted(str(data["step"]))
+        reservation_id = data.get("reservation_id")  # a route step's
+        return StepStarted(str(data["step"]), None if reservation_id is None else str(reservation_id))
     if event_type == STEP_COMPLETED:
         return StepCompleted(str(data["step"]), data.get("result"))
     if event_type == STEP_FAILED:

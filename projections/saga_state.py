@@ -81,7 +81,8 @@ def steps_json(state: SagaState) -> list[dict[str, Any]]:
     return [
         {
             "name": s.name, "locks": list(s.locks), "status": s.status, "result": s.result, "error": s.error,
-            "compensation_failures": s.compensation_failures,
+            "compensation_failures": s.compensation_failures, "route": s.route,
+            "reservation_id": s.reservation_id,
         }
         for s in state.steps
     ]  # fmt: skip
@@ -99,6 +100,8 @@ def saga_from_row(saga_id: str, row: Any) -> SagaState:
             s["result"],
             s["error"],
             int(s["compensation_failures"]),
+            bool(s.get("route", False)),  # absent from rows written before route steps
+            s.get("reservation_id"),
         )
         for s in json.loads(row["steps"])
     )

@@ -34,6 +34,7 @@ from domain.saga import (
     StartStep,
     decide,
     fold,
+    step_fields,
     stream_id,
 )
 from domain.timestamps import format_timestamp
@@ -103,7 +104,8 @@ def _stored_view(
             {
                 "name": step.name, "locks": list(step.locks), "status": step.status,
                 "result": step.result, "error": step.error,
-                "compensation_failures": step.compensation_failures,
+                "compensation_failures": step.compensation_failures, "route": step.route,
+                "reservation_id": step.reservation_id,
             }
             for step in state.steps
         ],
@@ -193,7 +195,7 @@ class SagaService:
 def _describe(command: SagaCommand) -> tuple[str, dict[str, Any]]:
     """The transition's name and fields, for its fingerprint and its events' metadata."""
     if isinstance(command, StartSaga):
-        steps = [{"name": step.name, "locks": list(step.locks)} for step in command.steps]
+        steps = [step_fields(step) for step in command.steps]
         return "saga-start", {
             "name": command.name, "owner": command.owner, "policy": command.policy, "steps": steps,
             "lease_ms": command.lease_ms,

@@ -5,7 +5,7 @@ machine keeps the saga folded with ``evolve`` and the full log of emitted events
 step the saga invariants: no step starts after a failure or an abort; steps start in order; on abort
 every completed step is compensated exactly once, last completed first; terminal states are final; the
 fifth failure of one compensation, and only it, makes the saga stuck; a repeated transition changes
-nothing.
+nothing; a route step (its locks one reservation) starts naming its reservation, the others name none.
 """
 
 from __future__ import annotations
@@ -14,16 +14,19 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from domain.errors import InvalidCommand
+from domain.reservation import is_valid_reservation_id
 from domain.saga import (
     COMPENSATION_COMPLETED,
     COMPENSATION_FAILED,
     COMPENSATION_STARTED,
     LAPSE_REASON,
     MAX_COMPENSATION_FAILURES,
+    MAX_LOCKS_PER_ROUTE,
     SAGA_ABORT_REQUESTED,
     SAGA_ABORTED,
     SAGA_COMPLETED,
@@ -45,6 +48,7 @@ from domain.saga import (
     RenewSagaLease,
     SagaCommand,
     SagaConflict,
+    SagaDefinitionConflict,
     SagaEvent,
     SagaLeaseExtended,
     SagaNotFound,
@@ -53,13 +57,16 @@ from domain.saga import (
     StartSaga,
     StartStep,
     StepDef,
+    StepStarted,
     decide,
     evolve,
     fold,
     initial_saga,
+    route_reservation_id,
 )
 
 STEPS = ("reserve", "pick", "move", "drop")
+ROUTES = frozenset({"move"})  # taken as one reservation: every zone on the way
 SAGA = "s-1"
 
 steps = st.sampled_from(STEPS)
@@ -67,6 +74,12 @@ reasons = st.sampled_from(("motor", "blocked", "timeout"))
 results = st.sampled_from((None, '{"bin": 4}', '{"bin": 5}'))
 policies = st.sampled_from(("compensate", "forward"))
 DEADLINE = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+
+
+def _step_def(name: str) -> StepDef:
+    if name in ROUTES:
+        return StepDef(name, tuple(f"zone:{name}:{n}" for n in range(3)), route=True)
+    return StepDef(name, (f"r:{name}",))
 
 
 def _step_of(event: SagaEvent) -> str | None:
@@ -78,9 +91,7 @@ class SagaMachine(RuleBasedStateMachine):
         super().__init__()
         self.state: SagaState = initial_saga(SAGA)
         self.log: list[SagaEvent] = []
-        self.definition = StartSaga(
-            SAGA, "move pallet", "agv-1", tuple(StepDef(s, (f"r:{s}",)) for s in STEPS)
-        )
+        self.definition = StartSaga(SAGA, "move pallet", "agv-1", tuple(_step_def(s) for s in STEPS))
 
     @initialize(count=st.integers(min_value=3, max_value=len(STEPS)), policy=policies)
     def start(self, count: int, policy: Policy) -> None:
@@ -274,6 +285,16 @@ class SagaMachine(RuleBasedStateMachine):
         assert all(count <= MAX_COMPENSATION_FAILURES for count in failures.values())
 
     @invariant()
+    def a_route_step_starts_naming_its_reservation_and_no_other_step_names_one(self) -> None:
+        for event in self.log:
+            if isinstance(event, StepStarted):
+                route = event.step in ROUTES
+                assert event.reservation_id == (route_reservation_id(SAGA, event.step) if route else None)
+        for step in self.state.steps:
+            assert step.route == (step.name in ROUTES)
+            assert (step.reservation_id is not None) == step.route
+
+    @invariant()
     def completed_means_every_step_completed(self) -> None:
         if self.state.status == "completed":
             assert all(step.status == "completed" for step in self.state.steps)
@@ -389,3 +410,54 @@ def test_an_extension_after_an_outage_is_no_heartbeat() -> None:
     assert extended.version == state.version + 1
     assert extended.lease_lapsed
     assert [e.type for e in _lapse(extended)] == [SAGA_LEASE_EXPIRED, SAGA_STUCK]
+
+
+def _start(*steps: StepDef) -> StartSaga:
+    return StartSaga("s", "n", "o", steps)
+
+
+def test_a_route_steps_locks_are_distinct_and_at_most_a_reservations_worth() -> None:
+    for locks, problem in (
+        (("zone:1", "zone:1"), "names each lock once"),
+        ((), "a route step takes 1-"),
+        (tuple(f"zone:{n}" for n in range(MAX_LOCKS_PER_ROUTE + 1)), "at most"),
+    ):
+        with pytest.raises(InvalidCommand, match=problem):
+            decide(initial_saga("s"), _start(StepDef("drive", locks, route=True)))
+    most = tuple(f"zone:{n}" for n in range(MAX_LOCKS_PER_ROUTE))
+    assert decide(initial_saga("s"), _start(StepDef("drive", most, route=True)))
+    # The same lock twice is still allowed in a step taking its locks one by one, as it was.
+    assert decide(initial_saga("s"), _start(StepDef("drive", ("zone:1", "zone:1"))))
+
+
+def test_a_route_is_part_of_the_definition() -> None:
+    as_route = _start(StepDef("drive", ("zone:1", "zone:2"), route=True))
+    state = fold(initial_saga("s"), decide(initial_saga("s"), as_route))
+    assert decide(state, as_route) == []
+    with pytest.raises(SagaDefinitionConflict):
+        decide(state, _start(StepDef("drive", ("zone:1", "zone:2"))))
+
+
+def test_a_route_step_names_its_reservation_from_the_start_and_when_it_starts() -> None:
+    start = _start(StepDef("pick", ("pallet:1",)), StepDef("drive", ("zone:1", "zone:2"), route=True))
+    state = fold(initial_saga("s"), decide(initial_saga("s"), start))
+    drive = state.step("drive")
+    assert drive is not None
+    assert drive.reservation_id == route_reservation_id("s", "drive")
+    state = fold(state, decide(state, StartStep("s", "pick")))
+    state = fold(state, decide(state, CompleteStep("s", "pick")))
+    assert decide(state, StartStep("s", "drive")) == [StepStarted("drive", drive.reservation_id)]
+
+
+ids = st.text(alphabet="abc:.-_0", min_size=1, max_size=100).filter(lambda text: text.strip("."))
+
+
+@given(saga=ids, step=ids, other_saga=ids, other_step=ids)
+def test_route_reservation_ids_are_valid_and_one_per_saga_and_step(
+    saga: str, step: str, other_saga: str, other_step: str
+) -> None:
+    reservation = route_reservation_id(saga, step)
+    assert is_valid_reservation_id(reservation)
+    assert reservation == route_reservation_id(saga, step)
+    if (saga, step) != (other_saga, other_step):
+        assert reservation != route_reservation_id(other_saga, other_step)

@@ -29,7 +29,9 @@ from eventstore.saga_payloads import SAGA_EVENT_TYPES, saga_event_from_payload, 
 
 EVERY_EVENT: list[SagaEvent] = [
     SagaStarted("move", "agv-1", "forward", (StepDef("pick", ("pallet:1",)),), 3000),
+    SagaStarted("move", "agv-1", "compensate", (StepDef("drive", ("zone:1", "zone:2"), route=True),), 3000),
     StepStarted("pick"),
+    StepStarted("drive", "6f1c0a52-0000-5000-8000-000000000000"),
     StepCompleted("pick", '{"from": "dock:3"}'),
     StepFailed("pick", "motor"),
     SagaAbortRequested("stop", "admin"),
@@ -59,3 +61,11 @@ def test_a_lapse_names_the_deadline_that_passed_and_a_saga_from_before_leases_ha
     started = saga_event_from_payload("SAGA_STARTED", old)
     assert isinstance(started, SagaStarted)
     assert started.lease_ms is None
+
+
+def test_a_definition_without_route_steps_is_stored_as_before_them() -> None:
+    """A start's payload (and fingerprint) names ``route`` only for a route step, so a saga started
+    before route steps existed, retried with its Idempotency-Key, is the same request."""
+    plain = SagaStarted("move", "agv-1", "compensate", (StepDef("pick", ("pallet:1",)),), 3000)
+    assert saga_event_payload(plain)["steps"] == [{"name": "pick", "locks": ["pallet:1"]}]
+    assert saga_event_payload(StepStarted("pick")) == {"step": "pick"}

@@ -133,6 +133,7 @@ async def test_happy_path(callers: dict[str, Caller], unique_prefix: str) -> Non
     assert done["steps"][0] == {
         "name": "pick", "locks": [f"{saga_id}:pick"], "status": "completed",
         "result": {"bin": 7, "note": "a\u0000b"}, "error": None, "compensation_failures": 0,
+        "route": False, "reservation_id": None,
     }  # fmt: skip
     await step(agent, saga_id, "drop", "start")
     await step(agent, saga_id, "drop", "complete")
