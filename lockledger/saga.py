@@ -23,6 +23,11 @@ An action receives a ``StepContext`` and returns a JSON object (a ``dict``) or N
 step's ``result`` (at most 4 KiB) and is what its compensation is called with, by this orchestrator or,
 after a crash, by another. Compensations must therefore be idempotent: one that started but did not
 report completion before a crash is called again. Importing this module pulls in no server code.
+
+A step with ``route=True`` takes its locks as one reservation (``lockledger.reservation``): all of them or
+none, waiting (up to its ``timeout``) while any is held without holding the others, one heartbeat for the
+set. The server names the reservation (the step's ``reservation_id``), and its grants are one transaction
+in the log, each with the saga and the step in its metadata, as a saga's single locks are.
 """
 
 from __future__ import annotations
@@ -58,8 +63,9 @@ from lockledger.errors import (
 )
 from lockledger.lease import AsyncLease
 from lockledger.records import LeaseInfo, Reply
+from lockledger.reservation import AsyncReservation, ReservationInfo, leases_field
 from lockledger.saga_heartbeat import SagaHeartbeat
-from lockledger.wire import acquire_body, lock_path, release_body, renew_body
+from lockledger.wire import acquire_body, lock_path, owner_field, release_body, renew_body, ttl_field
 
 __all__ = [
     "AsyncSaga",
@@ -110,7 +116,8 @@ def _refused(detail: str) -> ValidationError:
 class Step:
     """One step of a definition. ``locks`` are resources or templates (``"zone:{zone}"``); ``action(ctx)``
     returns the step's result (a dict or None), ``compensate(result)`` undoes it; ``ttl`` is the lease
-    length of its locks (fixed per step: a repeated acquire must be the same request to replay)."""
+    length of its locks (fixed per step: a repeated acquire must be the same request to replay);
+    ``route`` takes the locks as one reservation, all or none (each lock named once)."""
 
     name: str
     locks: Sequence[str] = ()
@@ -119,6 +126,7 @@ class Step:
     timeout: float = 30.0
     keep: bool = False
     ttl: float = 30.0
+    route: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,12 @@ class SagaDefinition:
         """The steps as ``POST /v1/sagas`` wants them: names and concrete resources."""
         try:
             return [
-                {"name": s.name, "locks": [lock.format(**params) for lock in s.locks]} for s in self.steps
+                {
+                    "name": s.name,
+                    "locks": [lock.format(**params) for lock in s.locks],
+                    **({"route": True} if s.route else {}),
+                }
+                for s in self.steps
             ]
         except (KeyError, IndexError) as error:
             raise _refused(f"saga {self.name!r}: a lock template needs the param {error}") from error
@@ -165,6 +178,8 @@ def define(
     for step in steps:
         if not step.timeout > 0 or not step.ttl > 0:
             raise _refused(f"step {step.name!r}: timeout and ttl are seconds > 0")
+        if step.route and (not step.locks or len(set(step.locks)) != len(step.locks)):
+            raise _refused(f"route step {step.name!r} takes one or more locks, each named once")
     definition = SagaDefinition(name, tuple(steps), policy)
     if register:
         with _REGISTRY_LOCK:
@@ -200,12 +215,14 @@ class StepView:
     result: Result
     error: str | None
     compensation_failures: int
+    route: bool = False  # the locks are taken as one reservation
+    reservation_id: str | None = None  # a route step's reservation, as the server names it
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StepView:
         return cls(
             d["name"], list(d.get("locks") or []), d["status"], d.get("result"), d.get("error"),
-            int(d.get("compensation_failures") or 0),
+            int(d.get("compensation_failures") or 0), bool(d.get("route", False)), d.get("reservation_id"),
         )  # fmt: skip
 
 
@@ -284,18 +301,24 @@ class SagaStuck(SagaFailed):
 
 @dataclass
 class StepContext:
-    """What an action gets: the saga, the step, the leases the saga holds now (by resource) and the
-    results of the steps completed so far."""
+    """What an action gets: the saga, the step, the leases the saga holds now (by resource), the results
+    of the steps completed so far, and the reservations of route steps the saga holds now (by step)."""
 
     saga_id: str
     step: str
     leases: dict[str, AsyncLease]
     results: dict[str, Result]
     params: dict[str, Any]
+    reservations: dict[str, AsyncReservation] = field(default_factory=dict)
 
     def fencing_token(self, resource: str) -> int:
         """The fencing token to send downstream with every write to ``resource``."""
-        return self.leases[resource].fencing_token
+        if resource in self.leases:
+            return self.leases[resource].fencing_token
+        for reservation in self.reservations.values():
+            if resource in reservation.tokens:
+                return reservation.fencing_token(resource)
+        raise KeyError(resource)
 
 
 # --- HTTP: the client's public request, with the saga's headers and keys ------------------------------------
@@ -480,6 +503,103 @@ class _SagaLease(AsyncLease):
             log.warning("saga lease release failed", extra={"resource": self.resource, "error": repr(error)})
 
 
+class _SagaReservationCalls:
+    """Stands in for the client in a route step's reservation: the same reservation commands, sent with
+    the saga's headers and keys derived from (saga, step, attempt) rather than random ones."""
+
+    def __init__(self, client: SagaClient, saga_id: str, step: str) -> None:
+        self.client = client
+        self.saga_id = saga_id
+        self.step = step
+        self.attempt = 1
+        self.replayed = False
+        self.headers = {"X-Saga-ID": saga_id, "X-Saga-Step": step}
+
+    def _key(self, command: str, *extra: str) -> str:
+        return _key(self.saga_id, self.step, str(self.attempt), command, *extra)
+
+    async def reserve_set(
+        self,
+        resources: list[str],
+        owner: str | None = None,
+        ttl: float | None = None,
+        wait: float = 0.0,
+        reservation_id: str | None = None,
+    ) -> ReservationInfo:
+        body = {"resources": resources, **acquire_body(owner, ttl, wait), "reservation_id": reservation_id}
+        data, self.replayed = await _call(
+            self.client, "POST", "/v1/reservations", json=body, key=self._key("reserve"),
+            headers=self.headers, wait=wait,
+        )  # fmt: skip
+        return ReservationInfo.from_json(data)
+
+    async def renew_reservation(
+        self, reservation_id: str, owner: str | None, tokens: Mapping[str, int], ttl: float | None = None
+    ) -> ReservationInfo:
+        body = {**owner_field(owner), "leases": leases_field(tokens), **ttl_field(ttl)}
+        key = self._key("renew", uuid.uuid4().hex[:12])  # each renewal a new request
+        path = f"/v1/reservations/{reservation_id}/renew"
+        data, _ = await _call(self.client, "POST", path, json=body, key=key, headers=self.headers)
+        return ReservationInfo.from_json(data)
+
+    async def release_reservation(
+        self, reservation_id: str, owner: str | None, tokens: Mapping[str, int]
+    ) -> ReservationInfo:
+        body = {**owner_field(owner), "leases": leases_field(tokens)}
+        key = self._key("release", *(f"{resource}={token}" for resource, token in sorted(tokens.items())))
+        path = f"/v1/reservations/{reservation_id}/release"
+        data, _ = await _call(self.client, "POST", path, json=body, key=key, headers=self.headers)
+        return ReservationInfo.from_json(data)
+
+
+class _SagaRoute(AsyncReservation):
+    """A route step's locks as one managed reservation (one heartbeat, loss detection) taken through
+    ``_SagaReservationCalls``. As with ``_SagaLease``, a reserve answered from a stored response is a set
+    an earlier run of this step took: it is ours only if it can still be renewed whole; if it cannot, the
+    step's next attempt asks for a new set."""
+
+    def __init__(
+        self,
+        client: SagaClient,
+        saga_id: str,
+        step: Step,
+        resources: Sequence[str],
+        reservation_id: str,
+        owner: str | None,
+        wait: float,
+    ) -> None:
+        self.calls = _SagaReservationCalls(client, saga_id, step.name)
+        super().__init__(self.calls, list(resources), owner, step.ttl, wait, reservation_id, None, 0.1)
+        self.step = step.name
+
+    async def _reserve(self) -> None:
+        while True:
+            self.deadline = 0.0
+            await super()._reserve()
+            if not self.calls.replayed:
+                return
+            sent_at = time.monotonic()
+            assert self.reservation_id is not None
+            try:
+                info = await self.calls.renew_reservation(
+                    self.reservation_id, self.owner, dict(self.tokens), self.ttl
+                )
+            except (LeaseExpired, NotHolder):
+                self.tokens.clear()
+                self.calls.attempt += 1
+                continue
+            self.deadline = 0.0
+            self._granted(info, sent_at)
+            return
+
+    async def close(self) -> None:
+        """Release the set; errors are logged, not raised (the leases end on their own at their deadline)."""
+        try:
+            await self.__aexit__(None, None, None)
+        except Exception as error:
+            log.warning("saga route release failed", extra={"step": self.step, "error": repr(error)})
+
+
 async def _run(fn: Callable[[Any], Any], arg: Any) -> Any:
     """Call ``fn(arg)``: awaited if it is a coroutine function, else in a thread. A thread cannot be
     stopped: when the caller is cancelled (a timeout), this waits for it to return, then re-raises."""
@@ -541,6 +661,7 @@ class AsyncSaga:
         self.view: SagaView | None = None
         self.results: dict[str, Result] = {}
         self.leases: dict[str, _SagaLease] = {}  # every lock the saga holds now, by resource
+        self.routes: dict[str, _SagaRoute] = {}  # every route step's reservation it holds now, by step
         self._released: set[tuple[str, str]] = set()  # (step, resource) given back by this orchestrator
         self._compensations: dict[str, Compensation | None] = {}
         self._failed = False
@@ -623,6 +744,7 @@ class AsyncSaga:
         step = Step(
             name, base.locks, action or base.action, compensate or base.compensate,
             base.timeout if timeout is None else timeout, base.keep if keep is None else keep, base.ttl,
+            base.route,
         )  # fmt: skip
         if not step.timeout > 0:
             raise _refused(f"step {name!r}: timeout is seconds > 0")
@@ -663,7 +785,9 @@ class AsyncSaga:
                 # The lease would wait a little longer: the step's timeout decides, as a TimeoutError.
                 await self._take(step, resources, wait=step.timeout + 1)
                 self._check_leases()
-                context = StepContext(self.id, step.name, dict(self.leases), dict(self.results), self.params)
+                context = StepContext(
+                    self.id, step.name, dict(self.leases), dict(self.results), self.params, dict(self.routes)
+                )
                 result = _checked_result(step.name, await _run(step.action, context))
                 self._check_leases()
         except Exception as error:
@@ -672,11 +796,22 @@ class AsyncSaga:
         await self._post(f"/steps/{step.name}/complete", {"result": result})
         self.results[step.name] = result
         if not step.keep:
-            await self._release(lambda lease: lease.step == step.name)
+            await self._release(lambda taken: taken == step.name)
         return result
 
     async def _take(self, step: Step, resources: Iterable[str], wait: float) -> None:
-        """Take (or take back, after a crash) the step's locks the saga does not hold yet."""
+        """Take (or take back, after a crash) the step's locks the saga does not hold yet: a route step's
+        as the one reservation the server named for it, any other's one by one."""
+        assert self.view is not None
+        reservation_id = self.view.step(step.name).reservation_id
+        if reservation_id is not None:
+            if step.name not in self.routes:
+                route = _SagaRoute(
+                    self.client, self.id, step, list(resources), reservation_id, self.owner, wait
+                )
+                await route.__aenter__()
+                self.routes[step.name] = route
+            return
         for resource in resources:
             if resource in self.leases:
                 continue
@@ -687,10 +822,18 @@ class AsyncSaga:
     def _check_leases(self) -> None:
         for lease in self.leases.values():
             lease.check()
+        for route in self.routes.values():
+            route.check()
 
-    async def _release(self, which: Callable[[_SagaLease], bool] = lambda lease: True) -> None:
+    async def _release(self, which: Callable[[str], bool] = lambda step: True) -> None:
+        """Release the locks (and route reservations) the saga holds for the steps ``which`` names."""
+        for name, route in list(self.routes.items()):
+            if which(name):
+                del self.routes[name]
+                await route.close()
+                self._released.update((name, resource) for resource in route.resources)
         for resource, lease in list(self.leases.items()):
-            if which(lease):
+            if which(lease.step):
                 del self.leases[resource]
                 await lease.close()
                 self._released.add((lease.step, resource))
@@ -699,7 +842,7 @@ class AsyncSaga:
         """Record the failure, compensate the completed steps in reverse, release every lock."""
         self._failed = True
         try:
-            await self._release(lambda lease: lease.step == step)
+            await self._release(lambda taken: taken == step)
             try:
                 await self._post(f"/steps/{step}/fail", {"reason": _reason(error)})
             except LockLedgerError as refused:
@@ -765,7 +908,7 @@ class AsyncSaga:
                 await asyncio.sleep(pause * random.uniform(0.5, 1))
                 continue
             await self._post(f"/steps/{name}/compensation/complete")
-            await self._release(lambda lease: lease.step == name and not step.keep)
+            await self._release(lambda taken: taken == name and not step.keep)
             return
 
     async def refresh(self) -> SagaView:
@@ -886,6 +1029,9 @@ class AsyncSaga:
             if step_view.name not in names:
                 continue
             step = self.definition.step(step_view.name)
+            if step_view.reservation_id is not None:
+                await self._release_route_by_keys(step, step_view)
+                continue
             for resource in step_view.locks:
                 if resource in self.leases or (step.name, resource) in self._released:
                     continue
@@ -895,6 +1041,21 @@ class AsyncSaga:
                 except LockHeld:
                     continue
                 await lease.close()
+
+    async def _release_route_by_keys(self, step: Step, step_view: StepView) -> None:
+        """A route step's set through its key chain: replayed and released if it is still ours, taken and
+        given back if all its locks are free; left to its TTL if another agent holds one of them."""
+        released = all((step.name, resource) in self._released for resource in step_view.locks)
+        if step.name in self.routes or released or step_view.reservation_id is None:
+            return
+        route = _SagaRoute(
+            self.client, self.id, step, step_view.locks, step_view.reservation_id, self.owner, 0.0
+        )
+        try:
+            await route.__aenter__()
+        except LockHeld:
+            return
+        await route.close()
 
 
 async def recover_sagas(
