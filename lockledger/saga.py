@@ -1078,7 +1078,7 @@ async def recover_sagas(
         for view in await _list_sagas(client, status, owner):
             definition = known.get(view.name)
             if definition is None:
-                log.warning("no definition for saga", extra={"saga_id": view.saga_id, "name": view.name})
+                log.warning("no definition for saga", extra={"saga_id": view.saga_id, "saga_name": view.name})
                 continue
             saga = AsyncSaga(client, view.saga_id, definition, owner=view.owner)
             try:

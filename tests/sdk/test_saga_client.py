@@ -581,3 +581,17 @@ async def test_an_orchestrator_cut_off_past_its_lease_compensates_what_the_serve
     assert view.status == "aborted"
     assert view.step("b").error == "saga lease lapsed: the orchestrator stopped heartbeating"
     assert [entry[:2] for entry in calls.log] == [("action", "a"), ("compensate", "a")]
+
+
+@pytest.mark.storage
+async def test_recovery_leaves_a_saga_of_an_unknown_definition_alone(
+    server: ServerProcess, unique_prefix: str
+) -> None:
+    """Logged and skipped: the log record's fields must not clash with the record's own (``name``)."""
+    definition = define(f"unknown-{unique_prefix}", [Step("a", [f"{unique_prefix}a"])], register=False)
+    async with AsyncClient(server.base_url, agent_id=f"{unique_prefix}agv") as client:
+        saga = client.saga(f"{unique_prefix}unknown", definition)
+        await saga.__aenter__()
+        await saga._stop_beating()
+        assert await client.recover_sagas([]) == []
+        assert (await get_saga(client, f"{unique_prefix}unknown")).status == "running"

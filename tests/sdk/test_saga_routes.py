@@ -212,13 +212,14 @@ def test_the_blocking_twin_takes_a_route_too(server: ServerProcess, unique_prefi
 async def test_the_api_refuses_a_route_naming_a_lock_twice_and_shows_a_routes_reservation(
     http: httpx.AsyncClient, unique_prefix: str
 ) -> None:
+    owner = f"{unique_prefix}agv"  # its saga is left running: no other test's agent recovers it
     twice = {"name": "drive", "locks": [f"{unique_prefix}z", f"{unique_prefix}z"], "route": True}
-    refused = await http.post("/v1/sagas", json={"name": "n", "owner": AGENT, "steps": [twice]})
+    refused = await http.post("/v1/sagas", json={"name": "n", "owner": owner, "steps": [twice]})
     assert_problem(refused, 422, "validation_error")
 
     steps = [{"name": "pick", "locks": [f"{unique_prefix}p"]}, {**twice, "locks": [f"{unique_prefix}z"]}]
     started = await http.post(
-        "/v1/sagas", json={"saga_id": f"{unique_prefix}s", "name": "n", "owner": AGENT, "steps": steps}
+        "/v1/sagas", json={"saga_id": f"{unique_prefix}s", "name": "n", "owner": owner, "steps": steps}
     )
     assert started.status_code == 201, started.text
     pick, drive = started.json()["steps"]
@@ -227,3 +228,44 @@ async def test_the_api_refuses_a_route_naming_a_lock_twice_and_shows_a_routes_re
     assert drive["reservation_id"]
     shown = (await http.get(f"/v1/sagas/{unique_prefix}s")).json()
     assert shown["steps"][1]["reservation_id"] == drive["reservation_id"]
+
+
+@pytest.mark.storage
+async def test_a_resumed_saga_takes_back_its_kept_route_instead_of_a_second_set(
+    server: ServerProcess, http: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """The first orchestrator stops after the route step (its set kept, live); a second one with the same
+    agent id recovers the saga forward: the reserve replays, the set is renewed whole, not taken again."""
+    zones = [f"{unique_prefix}zone:{n}" for n in (1, 2)]
+    ran: list[str] = []
+
+    async def act(ctx: StepContext) -> dict[str, Any]:
+        ran.append(ctx.step)
+        return {"tokens": [ctx.fencing_token(zone) for zone in zones]}
+
+    definition = define(
+        f"route-resume-{unique_prefix}",
+        [Step("drive", zones, act, keep=True, route=True), Step("unload", [f"{unique_prefix}dock"], act)],
+        policy="forward",
+        register=False,
+    )
+    saga_id = f"{unique_prefix}resume"
+    agent = f"{unique_prefix}agv"  # recovery finishes every saga of its agent: this test's alone
+    async with AsyncClient(server.base_url, agent_id=agent) as first:
+        saga = first.saga(saga_id, definition)
+        await saga.__aenter__()
+        await saga.step("drive")
+        for task in saga.routes["drive"]._tasks:  # the first orchestrator dies: no more renewals
+            task.cancel()
+        async with AsyncClient(server.base_url, agent_id=agent) as second:
+            [view] = await second.recover_sagas([definition])
+        await saga._stop_beating()
+
+    assert view.status == "completed"
+    assert ran == ["drive", "unload"]
+    for zone in zones:
+        history = (await http.get(f"/v1/locks/{zone}/history")).json()["events"]
+        types = [event["type"] for event in history]
+        assert types.count("LOCK_ACQUIRED") == 1  # the set was taken once
+        assert "LOCK_RENEWED" in types  # and renewed by the second orchestrator before it was trusted
+        assert await _state(http, zone) == ("free", None)
