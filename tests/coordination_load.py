@@ -258,6 +258,10 @@ def _path(command: str, target: str) -> str:
     return f"/v1/locks/{target}/{command}"
 
 
+# What a database restart throws at a client (asyncpg's InternalClientError: a connection left mid-operation).
+_GONE = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+
+
 class QueueWatcher:
     """Reads ``lock_queue`` every few milliseconds while the load runs and keeps every ticket it saw under
     the prefix (a grant deletes its ticket, so the log alone does not say who waited, nor since when).
@@ -284,7 +288,7 @@ class QueueWatcher:
         while True:
             try:
                 conn = await asyncpg.connect(asyncpg_dsn(self.database_url), timeout=2)
-            except (OSError, asyncpg.PostgresError, TimeoutError):
+            except _GONE:
                 await asyncio.sleep(0.1)
                 continue
             try:
@@ -292,7 +296,7 @@ class QueueWatcher:
                     for ticket in await read_queue(conn, self.prefix):
                         self.tickets.setdefault(ticket.ticket, ticket)
                     await asyncio.sleep(self.interval_s)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            except _GONE:
                 await asyncio.sleep(0.1)
             finally:
                 with contextlib.suppress(Exception):
