@@ -3,10 +3,11 @@
 Reads ``events`` as the schema owner, in position order, and judges it without the service's code: no
 decider, no ``evolve``, no event classes, only the event types as the log spells them. What it checks:
 
-- **holders** (:func:`check_holders`): along each stream, the leases its events begin, renew, hand on and
-  end; every renewal, end and hand-off names a lease that is held, none after its deadline (an outage
-  extension excepted), no expiry before it, and the holders at every transition are admitted by the
-  stream's :class:`Kind` (the mutex: never two). Fencing tokens strictly increase per stream.
+- **holders** (:func:`check_holders`): along each stream (versions 1..n, none lost, recorded in time
+  order), the leases its events begin, renew, hand on and end; every renewal, end and hand-off names a
+  lease that is held, none after its deadline (an outage extension excepted), no expiry before it, and
+  the holders at every transition are admitted by the stream's :class:`Kind` (the mutex: never two).
+  Fencing tokens strictly increase per stream.
 - **reservations** (:func:`check_reservations`): every reservation's grants were appended in one
   transaction (one ``tx_id``) and cover exactly the resources it asked for.
 - **FIFO** (:func:`check_fifo`): no grant overtakes a waiting acquire's ticket that came before it, was
@@ -167,12 +168,19 @@ class _Walk:
         self.kind = kind
         self.holds: dict[int, Hold] = {}
         self.last_token = 0
+        self.last: LogEvent | None = None
         self.found: list[Violation] = []
 
     def flag(self, what: str, detail: str) -> None:
         self.found.append(Violation(what, self.resource, detail))
 
     def step(self, event: LogEvent) -> None:
+        expected = 1 if self.last is None else self.last.version + 1
+        if event.version != expected:
+            self.flag("version_gap", f"{event.label}: version {expected} expected (an event is missing)")
+        if self.last is not None and event.recorded_at < self.last.recorded_at:
+            self.flag("time_regression", f"{event.label} recorded before {self.last.label}")
+        self.last = event
         effect = self.kind.effects.get(event.type)
         if effect is None:
             self.flag("unknown_event", f"{event.label} in a {self.kind.name} stream")

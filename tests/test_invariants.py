@@ -149,6 +149,15 @@ def test_no_renewal_or_release_after_the_deadline_but_an_outage_extension() -> N
     assert kinds(check_holders(log.events)) == ["resurrected"]
 
 
+def test_a_lost_event_and_time_going_back_are_flagged() -> None:
+    log = Log()
+    log.acquire("z", "a", 1, 0, 3)
+    log.append("z", "LOCK_RENEWED", 2, owner="a", fencing_token=1, expires_at=5.0)
+    log.end("z", "LOCK_RELEASED", "a", 1, 1, 5)
+    assert kinds(check_holders(log.events)) == ["time_regression"]
+    assert kinds(check_holders([log.events[0], log.events[2]])) == ["version_gap"]
+
+
 def test_an_expiry_before_the_deadline_is_flagged() -> None:
     log = Log()
     log.acquire("z", "a", 1, 0, 3)
