@@ -2,12 +2,13 @@
 
 Agents join one lock's queue (a ticket each, numbered in arrival order, live for its wait), leave it,
 die (their ticket stays until its deadline), and try to take the lock with or without a ticket, while
-the holder releases and a simulated database clock moves on. The machine decides each try with
-``check_turn`` and the lock decider; the model, without either and without their state (it keeps its
-own holder, token and deadline), says a free lock goes to a ticket holder only if no live ticket
-precedes it, and never to an acquire without a ticket while any ticket lives, that a refusal names the
-first live ticket, and which token a grant gets. After every step: the decider's state agreed with the
-model, tokens strictly increasing, and the tickets granted came in arrival order.
+the holder releases or hands the lease on (whoever queues) and a simulated database clock moves on.
+The machine decides each try with ``check_turn`` and the lock decider; the model, without either and
+without their state (it keeps its own holder, token and deadline), says a free lock goes to a ticket
+holder only if no live ticket precedes it, and never to an acquire without a ticket while any ticket
+lives, that a refusal names the first live ticket, and which token a grant gets. After every step: the
+decider's state agreed with the model, tokens strictly increasing, and the tickets granted came in
+arrival order.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from domain.commands import Acquire, Release
+from domain.commands import Acquire, HandOff, Release
 from domain.decider import decide, fold
 from domain.errors import LockHeld
 from domain.events import stamp
@@ -131,6 +132,17 @@ class FairQueue(RuleBasedStateMachine):
             self.state = fold(self.state, decide(self.state, release, self.now, BOUNDS))
             self.events += 1
             self.holder = None
+
+    @rule(to=st.sampled_from(["picker-1", "picker-2"]))
+    def holder_hands_off(self, to: str) -> None:
+        """A hand-off passes the held lease on whoever queues: it is not a taking of a free lock, so the
+        queue's turn comes when the receiver lets go (docs/decisions/0049)."""
+        if self.holder is not None and not self._model_free() and self.holder.owner != to:
+            hand_off = HandOff(RESOURCE, self.holder.owner, self.holder.token, to, 1_000)
+            self.state = fold(self.state, stamp(decide(self.state, hand_off, self.now, BOUNDS), self.now))
+            self.events += 1
+            self.holder = Holder(to, self.events, self.now + timedelta(milliseconds=1_000))
+            self.tokens.append(self.state.fencing_token)
 
     @rule(ms=st.integers(min_value=1, max_value=2_000))
     def time_passes(self, ms: int) -> None:
