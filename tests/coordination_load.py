@@ -41,7 +41,7 @@ class Mix:
     cycles: int | None = 10
     resources: int = 5
     ttl_ms: int = 3_000
-    waits_ms: tuple[int, ...] = (0, 1_500, 4_000, 4_000)
+    waits_ms: tuple[int, ...] = (0, 1_000, 2_500, 2_500)
     reserve: float = 0.4  # share of cycles that reserve a route rather than take one lock
     hand_off: float = 0.35  # share of single leases handed to another agent rather than released
     accept: float = 0.7  # share of offers accepted (the rest declined)

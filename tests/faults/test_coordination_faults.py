@@ -31,8 +31,7 @@ from tests.servers import ServerProcess
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 
 SETTINGS = {"LOCKLEDGER_REAPER_INTERVAL_MS": "100", "LOCKLEDGER_MAX_WAIT_MS": "5000"}
-# Until stopped; waits shorter than the quiet spells between faults, so waiters are served meanwhile.
-MIX = Mix(agents=12, cycles=None, waits_ms=(0, 1_000, 2_500, 2_500))
+MIX = Mix(cycles=None)  # until stopped
 LOAD_S = 4.0  # before the fault, and again after the recovery
 
 

