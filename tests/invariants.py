@@ -9,7 +9,9 @@ decider, no ``evolve``, no event classes, only the event types as the log spells
   the holders at every transition are admitted by the stream's :class:`Kind` (the mutex: never two).
   Fencing tokens strictly increase per stream.
 - **reservations** (:func:`check_reservations`): every reservation's grants were appended in one
-  transaction (one ``tx_id``) and cover exactly the resources it asked for.
+  transaction (one ``tx_id``), with one deadline, and cover exactly the resources it asked for.
+- **hand-offs taken up once** (:func:`check_take_ups`): an accept or decline follows a hand-off to
+  the agent that sends it, and nothing else between.
 - **FIFO** (:func:`check_fifo`): no grant overtakes a waiting acquire's ticket that came before it, was
   still live and was granted later. A hand-off is not a grant (it bypasses the queue by design) and a
   waiter that gave up or died is never granted under its ticket, so neither is flagged.
@@ -246,8 +248,8 @@ def check_holders(events: Iterable[LogEvent]) -> list[Violation]:
 def check_reservations(
     events: Iterable[LogEvent], requested: Mapping[str, frozenset[str]]
 ) -> list[Violation]:
-    """Each reservation's grants (``metadata.command = reserve``): one transaction, exactly the resources
-    it asked for (``requested``: reservation id -> resources), each once."""
+    """Each reservation's grants (``metadata.command = reserve``): one transaction, one instant and one
+    deadline, exactly the resources it asked for (``requested``: reservation id -> resources), each once."""
     grants: dict[str, list[LogEvent]] = defaultdict(list)
     for event in events:
         if event.type == "LOCK_ACQUIRED" and event.metadata.get("command") == "reserve":
@@ -256,13 +258,39 @@ def check_reservations(
     for rid, granted in sorted(grants.items()):
         streams = [e.stream for e in granted]
         if len({e.tx_id for e in granted}) != 1:
-            found.append(Violation("partial_reservation", rid, f"granted in transactions {granted}"))
+            txs = sorted({e.tx_id for e in granted})
+            found.append(Violation("partial_reservation", rid, f"granted in transactions {txs}"))
+        if len({(e.recorded_at, e.expires_at) for e in granted}) != 1:
+            found.append(
+                Violation("split_deadline", rid, "its leases were granted at several instants or deadlines")
+            )
         if rid not in requested:
             found.append(Violation("unexpected_reservation", rid, f"granted {streams}, never asked for"))
         elif len(set(streams)) != len(streams) or set(streams) != requested[rid]:
             found.append(
                 Violation("partial_reservation", rid, f"granted {streams}, asked {sorted(requested[rid])}")
             )
+    return found
+
+
+def check_take_ups(events: Iterable[LogEvent]) -> list[Violation]:
+    """A hand-off is taken up once, by its receiver, before anything else befalls the lease: each accept
+    (a renewal) or decline (a release) follows a ``LOCK_HANDED_OFF`` to the same agent, with nothing but
+    outage extensions between."""
+    found: list[Violation] = []
+    for resource, stream in sorted(streams_of(events).items()):
+        awaiting: str | None = None  # the receiver of the hand-off not yet taken up
+        for event in stream:
+            command = event.metadata.get("command")
+            if command in ("accept", "decline"):
+                if event.owner is None or event.owner != awaiting:
+                    detail = f"{event.label} {command} by {event.owner}, awaiting {awaiting}"
+                    found.append(Violation("bad_take_up", resource, detail))
+                awaiting = None
+            elif event.type == "LOCK_HANDED_OFF":
+                awaiting = event.owner
+            elif not _is_extension(event):
+                awaiting = None
     return found
 
 
@@ -400,6 +428,7 @@ def judge(
     violations = [
         *check_holders(events),
         *check_reservations(events, requested),
+        *check_take_ups(events),
         *check_fifo(events, tickets),
         *check_acknowledged(operations, events),
     ]

@@ -25,6 +25,7 @@ from tests.invariants import (
     check_fifo,
     check_holders,
     check_reservations,
+    check_take_ups,
     contested,
 )
 
@@ -165,6 +166,36 @@ def test_an_expiry_before_the_deadline_is_flagged() -> None:
     assert kinds(check_holders(log.events)) == ["expired_early"]
 
 
+def take_up(log: Log, command: str, owner: str, when: float) -> None:
+    kind = "LOCK_RENEWED" if command == "accept" else "LOCK_RELEASED"
+    log.append("z", kind, when, metadata={"command": command}, owner=owner, fencing_token=2, expires_at=9.0)
+
+
+def test_a_hand_off_is_taken_up_once_by_its_receiver() -> None:
+    log = Log()
+    log.acquire("z", "a", 1, 0, 3)
+    log.append(
+        "z", "LOCK_HANDED_OFF", 1, owner="b", fencing_token=2, expires_at=4.0, from_owner="a", from_token=1
+    )
+    log.append(
+        "z", "LOCK_RENEWED", 1.5, metadata={"command": "extend"}, owner="b", fencing_token=2, expires_at=5.0
+    )
+    take_up(log, "accept", "b", 2)
+    assert check_take_ups(log.events) == []
+    take_up(log, "decline", "b", 3)  # a second take-up
+    assert kinds(check_take_ups(log.events)) == ["bad_take_up"]
+
+
+def test_a_take_up_by_another_agent_is_flagged() -> None:
+    log = Log()
+    log.acquire("z", "a", 1, 0, 3)
+    log.append(
+        "z", "LOCK_HANDED_OFF", 1, owner="b", fencing_token=2, expires_at=4.0, from_owner="a", from_token=1
+    )
+    take_up(log, "accept", "c", 2)
+    assert kinds(check_take_ups(log.events)) == ["bad_take_up"]
+
+
 def test_a_new_kind_is_a_few_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     """A counted lock, as another branch may add it: its events, and at most ``limit`` holders."""
 
@@ -205,6 +236,13 @@ def test_a_partial_reservation_is_flagged(streams: list[str], txs: list[int], as
     log = Log()
     reserve(log, "r1", streams, 0, txs)
     assert kinds(check_reservations(log.events, {"r1": frozenset(asked)})) == ["partial_reservation"]
+
+
+def test_a_reservation_granted_at_two_instants_is_split() -> None:
+    log = Log()
+    log.acquire("z1", "a", 1, 0, 3, tx=7, command="reserve", reservation_id="r1")
+    log.acquire("z2", "a", 1, 0.5, 3.5, tx=7, command="reserve", reservation_id="r1")
+    assert kinds(check_reservations(log.events, {"r1": frozenset({"z1", "z2"})})) == ["split_deadline"]
 
 
 def test_a_reservation_nobody_asked_for_is_flagged() -> None:
