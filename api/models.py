@@ -222,6 +222,11 @@ class LockInfo(BaseModel):
         default=None,
         description="The giver of a hand-off the holder has not yet accepted or declined; null otherwise.",
     )
+    reservation_id: str | None = Field(
+        default=None,
+        description="The reservation the live lease was taken in (`POST /v1/reservations`); null otherwise.",
+    )
+    queued: int = Field(default=0, description="How many acquires wait in this lock's fair queue.")
     queue: list[QueuedAcquire] = Field(
         default_factory=list,
         description="The acquires waiting for this lock, first in line first; the next grant is the"
@@ -274,6 +279,9 @@ class ReplayLease(BaseModel):
     expires_at: Timestamp = Field(description="The deadline as known at the instant: the last grant's.")
     saga_id: str | None = Field(default=None, description="The saga the lease was acquired for, if any.")
     saga_step: str | None = None
+    reservation_id: str | None = Field(
+        default=None, description="The reservation the lease was taken in, if any."
+    )
 
 
 class ReplayState(BaseModel):

@@ -232,27 +232,28 @@ def replay(
     if output is Format.JSON:
         locks = [
             {"resource": lease.resource, "owner": lease.owner, "fencing_token": lease.fencing_token,
-             "acquired_at": _wire(lease.acquired_at), "expires_at": _wire(lease.expires_at)}
+             "acquired_at": _wire(lease.acquired_at), "expires_at": _wire(lease.expires_at),
+             "reservation_id": lease.reservation_id}
             for lease in state.locks
         ]  # fmt: skip
         print_json({"at": _wire(state.at), "position": state.position, "locks": locks})
     elif output is Format.CSV:
         rows = [
             [lease.resource, lease.owner, lease.fencing_token, _wire(lease.acquired_at),
-             _wire(lease.expires_at)]
+             _wire(lease.expires_at), lease.reservation_id or ""]
             for lease in state.locks
         ]  # fmt: skip
-        print_csv(["resource", "owner", "fencing_token", "acquired_at", "expires_at"], rows)
+        print_csv(["resource", "owner", "fencing_token", "acquired_at", "expires_at", "reservation_id"], rows)
     else:
         table = _table(
-            "resource", "owner", "token", "acquired", "expires",
+            "resource", "owner", "token", "acquired", "expires", "reservation",
             title=f"Leases live at {_inline(state.at)}",
             caption=f"{len(state.locks)} lease(s); the log up to position {state.position}",
         )  # fmt: skip
         for lease in state.locks:
             table.add_row(
                 escape(lease.resource), escape(lease.owner), str(lease.fencing_token),
-                _shown(lease.acquired_at), _shown(lease.expires_at),
+                _shown(lease.acquired_at), _shown(lease.expires_at), escape(lease.reservation_id or ""),
             )  # fmt: skip
         print_table(table)
 
@@ -292,13 +293,24 @@ def _history_rows(
         position = agent_page.next_after_position
 
 
-def _event(kind: str, data: dict[str, Any], recorded_at: datetime) -> Text:
-    """An event for a person: its type, then what it says beyond who and which token: the TTL, the lease
-    deadline (its date only if it is not the day the event was recorded), the reason."""
+# What a hand-off's receiver did, as the command in the event's metadata names it.
+_TAKEN_UP = {"accept": "accepted the hand-off", "decline": "declined the hand-off"}
+
+
+def _event(kind: str, data: dict[str, Any], metadata: dict[str, Any], recorded_at: datetime) -> Text:
+    """An event for a person: its type, then what it says beyond who and which token: the TTL (for a
+    hand-off, the time given to accept), the lease deadline (its date only if it is not the day the event
+    was recorded), the reason, the giver of a hand-off, and the reservation the event belongs to."""
     text = Text(kind, style="bold")
     lines = []
-    if (ttl := data.get("ttl_ms")) is not None:
+    if (giver := data.get("from_owner")) is not None:  # a hand-off: the lease it ended, the one it began
+        lines.append(f"from {giver} (token {data.get('from_token')}) to {data.get('owner')}")
+        if (ttl := data.get("ttl_ms")) is not None:
+            lines.append(f"to accept within {int(ttl) / 1000:g} s")
+    elif (ttl := data.get("ttl_ms")) is not None:
         lines.append(f"ttl {int(ttl) / 1000:g} s")
+    if (taken := _TAKEN_UP.get(str(metadata.get("command")))) is not None:
+        lines.append(taken)
     if (deadline := data.get("expires_at")) is not None:
         with contextlib.suppress(ValueError):
             when = datetime.fromisoformat(str(deadline).replace("Z", "+00:00"))
@@ -307,8 +319,8 @@ def _event(kind: str, data: dict[str, Any], recorded_at: datetime) -> Text:
             lines += [f"deadline {_clock(utc, dated)} UTC", f"({_clock(local, dated)} {local:%Z})"]
     if (reason := data.get("reason")) is not None:
         lines.append(f"reason: {reason}")
-    if (giver := data.get("from_owner")) is not None:  # a hand-off: the lease it ended
-        lines.append(f"handed off by {giver} (token {data.get('from_token')})")
+    if (reservation := metadata.get("reservation_id")) is not None:
+        lines.append(f"reservation {reservation}")
     for line in lines:
         text.append(f"\n{line}", style="dim")
     return text
@@ -364,7 +376,7 @@ def history(
             cells = [str(row["position"]), str(row["version"]), escape(str(data.get("owner", "")))]
         else:
             cells = [str(row["position"]), escape(row["resource"])]
-        event = _event(row["type"], data, row["recorded_at"])
+        event = _event(row["type"], data, row["metadata"], row["recorded_at"])
         table.add_row(*cells, event, str(data.get("fencing_token", "")), _shown(row["recorded_at"]))
     print_table(table)
 

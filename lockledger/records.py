@@ -125,7 +125,8 @@ class LockInfo:
     """A lock's projected state: ``status`` is ``held``, ``free`` or ``expired`` (lapsed, not yet reaped);
     ``ttl`` is the last grant's lease length in seconds; ``handed_off_by`` the giver of a hand-off the
     holder has not yet accepted or declined; ``queue`` the acquires waiting for it, first in line first
-    (``get_lock`` only: lists leave it empty)."""
+    (``get_lock`` only: lists leave it empty), ``queued`` how many there are (lists too);
+    ``reservation_id`` the reservation the live lease was taken in (``client.reserve``)."""
 
     resource: str
     status: str
@@ -139,6 +140,8 @@ class LockInfo:
     ended_by: str | None
     handed_off_by: str | None = None
     queue: tuple[QueuedAcquire, ...] = ()
+    reservation_id: str | None = None
+    queued: int = 0
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LockInfo:
@@ -149,6 +152,7 @@ class LockInfo:
             required_datetime(d["updated_at"]), int(d["version"]), d.get("ended_by"),
             d.get("handed_off_by"),
             tuple(QueuedAcquire.from_json(q) for q in d.get("queue") or ()),
+            d.get("reservation_id"), int(d.get("queued") or 0),
         )  # fmt: skip
 
 

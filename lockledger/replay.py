@@ -109,12 +109,13 @@ class ReplayLease:
     expires_at: datetime
     saga_id: str | None = None  # the saga, and its step, the lease was acquired for
     saga_step: str | None = None
+    reservation_id: str | None = None  # the reservation the lease was taken in (``client.reserve``)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ReplayLease:
         return cls(
             d["resource"], d["owner"], int(d["fencing_token"]), parse_datetime(d.get("acquired_at")),
-            required_datetime(d["expires_at"]), d.get("saga_id"), d.get("saga_step"),
+            required_datetime(d["expires_at"]), d.get("saga_id"), d.get("saga_step"), d.get("reservation_id"),
         )  # fmt: skip
 
 

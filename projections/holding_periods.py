@@ -9,7 +9,7 @@ lease with no ``LOCK_EXPIRED`` recorded yet, as in the decider. At most one row 
 any instant, and it is the one replay's log path finds (``projections/replay.py``): the newest grant whose
 span contains T, nothing recorded after it by T. So the leases live at T are one GiST scan for
 ``valid @> T``, with the deadline as known at T and the lease's start, its acquire or hand-off (when,
-which saga step), as the log path returns them.
+which saga step, which reservation), as the log path returns them.
 
 Every row is a function of the log alone (the grant, the next event when committed, the lease's
 acquire), recomputed for the grants an event touches (its own, and the one before it in its stream):
@@ -42,6 +42,7 @@ holding_periods = Table(
     Column("acquired_at", TIMESTAMP(timezone=True)),  # the lease's acquire, and its saga step
     Column("saga_id", Text),
     Column("saga_step", Text),
+    Column("reservation_id", Text),  # the reservation the lease was taken in (migration 0017)
     Column("granted_at", TIMESTAMP(timezone=True), nullable=False),
     Column("expires_at", TIMESTAMP(timezone=True), nullable=False),  # the deadline this grant set
     Column("ended_at", TIMESTAMP(timezone=True)),  # the stream's next event, if any yet
@@ -54,10 +55,11 @@ holding_periods = Table(
 # query of (stream_id, version) pairs, ``{table}`` the table written (the live one or a rebuild's shadow).
 _UPSERT = f"""
 INSERT INTO {{table}} AS h (resource, grant_version, owner, fencing_token, acquired_at, saga_id, saga_step,
-                           granted_at, expires_at, ended_at, ended_by)
+                           reservation_id, granted_at, expires_at, ended_at, ended_by)
 SELECT g.stream_id, g.stream_version, g.data ->> 'owner', {payload_field_sql("g.data", "fencing_token")},
        a.recorded_at, a.metadata ->> 'saga_id', a.metadata ->> 'saga_step',
-       g.recorded_at, {payload_field_sql("g.data", DEADLINE_FIELD)}, n.recorded_at, n.event_type
+       a.metadata ->> 'reservation_id', g.recorded_at, {payload_field_sql("g.data", DEADLINE_FIELD)},
+       n.recorded_at, n.event_type
   FROM ({{keys}}) AS k (stream_id, version)
   JOIN events g ON g.stream_id = k.stream_id AND g.stream_version = k.version
   LEFT JOIN LATERAL (  -- the acquire or hand-off that began the lease, as replay's log path finds it
@@ -83,10 +85,11 @@ _TOUCHED = """SELECT DISTINCT s, v FROM unnest($1::text[], $2::bigint[]) AS e (s
 # pages: the fleet at T reads hundreds of pages, not one per lease.
 _BUILD = f"""
 INSERT INTO {{table}} (resource, grant_version, owner, fencing_token, acquired_at, saga_id, saga_step,
-                      granted_at, expires_at, ended_at, ended_by)
+                      reservation_id, granted_at, expires_at, ended_at, ended_by)
 SELECT g.stream_id, g.stream_version, g.data ->> 'owner', g.fencing_token,
        a.recorded_at, a.metadata ->> 'saga_id', a.metadata ->> 'saga_step',
-       g.recorded_at, {payload_field_sql("g.data", DEADLINE_FIELD)}, g.next_at, g.next_type
+       a.metadata ->> 'reservation_id', g.recorded_at, {payload_field_sql("g.data", DEADLINE_FIELD)},
+       g.next_at, g.next_type
   FROM (SELECT stream_id, stream_version, event_type, data, recorded_at, tx_id,
                {payload_field_sql("data", "fencing_token")} AS fencing_token,
                lead(recorded_at) OVER w AS next_at, lead(event_type) OVER w AS next_type

@@ -26,11 +26,16 @@ def live_sql(expires_at: str, now: str) -> str:
 # were prepared (tests/storage/test_statement_plans.py).
 
 
-# The saga a lease was acquired in: the acquire's (or hand-off's) X-Saga-ID and X-Saga-Step, from the
-# plan's metadata (service/lock_service.py). Kept, like acquired_at, until the next lease begins; rebuild
-# reads the same keys from the last lease start's metadata, and the queries show them while it is live.
-_SAGA_OF_ACQUIRE = (
-    "CASE WHEN acquires THEN metadata ->> 'saga_id' END, CASE WHEN acquires THEN metadata ->> 'saga_step' END"
+# The saga a lease was acquired in (the acquire's, or hand-off's, X-Saga-ID and X-Saga-Step) and the
+# reservation it was taken in (a reserve's reservation_id), from the plan's metadata
+# (service/lock_service.py, service/reservation_service.py). Kept, like acquired_at, until the next
+# lease begins; rebuild reads the same keys from the last lease start's metadata, and the queries show
+# them while it is live.
+_START_KEYS = ("saga_id", "saga_step", "reservation_id")
+_OF_ACQUIRE = ", ".join(f"CASE WHEN acquires THEN metadata ->> '{key}' END" for key in _START_KEYS)
+_KEPT_UNTIL_NEXT_LEASE = ",\n           ".join(
+    f"{key} = CASE WHEN excluded.acquired_at IS NULL THEN s.{key} ELSE excluded.{key} END"
+    for key in _START_KEYS
 )
 
 
@@ -53,9 +58,10 @@ def create_heads_sql(planned: str) -> str:
     waits for the primary key, then loses (no row returned). Yields ``resource``."""
     return f"""
     INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at,
-                            ended_by, acquired_at, updated_at, saga_id, saga_step, handed_off_by)
+                            ended_by, acquired_at, updated_at, saga_id, saga_step, reservation_id,
+                            handed_off_by)
     SELECT resource, n_events, status, owner, token, ttl, new_expires_at, ended_by,
-           CASE WHEN acquires THEN ts END, ts, {_SAGA_OF_ACQUIRE}, handed_off_by
+           CASE WHEN acquires THEN ts END, ts, {_OF_ACQUIRE}, handed_off_by
       FROM {planned}
      WHERE expected = 0 AND NOT require_live
      ORDER BY resource
@@ -67,9 +73,10 @@ def advance_heads_sql(ok: str) -> str:
     """Move each existing stream's head among ``ok`` (plans that passed their checks) to its new state."""
     return f"""
     INSERT INTO lock_state AS s (resource, version, status, owner, fencing_token, ttl_ms, expires_at,
-                                 ended_by, acquired_at, updated_at, saga_id, saga_step, handed_off_by)
+                                 ended_by, acquired_at, updated_at, saga_id, saga_step, reservation_id,
+                                 handed_off_by)
     SELECT resource, expected + n_events, status, owner, token, ttl, new_expires_at, ended_by,
-           CASE WHEN acquires THEN ts END, ts, {_SAGA_OF_ACQUIRE}, handed_off_by
+           CASE WHEN acquires THEN ts END, ts, {_OF_ACQUIRE}, handed_off_by
       FROM {ok}
      WHERE expected > 0
      ORDER BY resource
@@ -78,8 +85,7 @@ def advance_heads_sql(ok: str) -> str:
            fencing_token = excluded.fencing_token, ttl_ms = excluded.ttl_ms,
            expires_at = excluded.expires_at, ended_by = excluded.ended_by,
            acquired_at = coalesce(excluded.acquired_at, s.acquired_at), updated_at = excluded.updated_at,
-           saga_id = CASE WHEN excluded.acquired_at IS NULL THEN s.saga_id ELSE excluded.saga_id END,
-           saga_step = CASE WHEN excluded.acquired_at IS NULL THEN s.saga_step ELSE excluded.saga_step END,
+           {_KEPT_UNTIL_NEXT_LEASE},
            handed_off_by = excluded.handed_off_by
  RETURNING 1"""
 

@@ -1,4 +1,8 @@
-"""Read-side queries for dashboards: one lock, and current locks with filters."""
+"""Read-side queries for dashboards: one lock, and current locks with filters.
+
+Each lock carries the length of its fair queue (``lock_queue``, migration 0015: live tickets), counted
+in the same statement by a probe of the queue's (resource, ticket) index per lock shown.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
-from sqlalchemy import and_, func, select
+from sqlalchemy import ColumnElement, and_, column, func, select, table
 
 from domain.state import is_expired
 from eventstore.connection import Connection
@@ -33,6 +37,8 @@ class LockView:
     saga_id: str | None = None  # the saga the live lease was acquired in (X-Saga-ID); None otherwise
     saga_step: str | None = None
     handed_off_by: str | None = None  # the giver of a hand-off the live holder has not yet taken up
+    reservation_id: str | None = None  # the reservation the live lease was taken in (decision 0048)
+    queued: int = 0  # acquires waiting in the lock's fair queue (live tickets)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +55,8 @@ class LockView:
             "saga_id": self.saga_id,
             "saga_step": self.saga_step,
             "handed_off_by": self.handed_off_by,
+            "reservation_id": self.reservation_id,
+            "queued": self.queued,
         }
 
 
@@ -71,12 +79,31 @@ def _view(row: asyncpg.Record, now: datetime) -> LockView:
         saga_id=row["saga_id"] if status == "held" else None,
         saga_step=row["saga_step"] if status == "held" else None,
         handed_off_by=row["handed_off_by"] if status == "held" else None,
+        reservation_id=row["reservation_id"] if status == "held" else None,
+        queued=row["queued"],
+    )
+
+
+# The fair queue's table (service/schema.py declares it; this layer names only the columns it reads).
+_lock_queue = table("lock_queue", column("resource"), column("deadline"))
+
+
+def _queued(now: ColumnElement[Any]) -> ColumnElement[int]:
+    """The number of live tickets queued for the lock_state row at hand, as a column."""
+    return (
+        select(func.count())
+        .select_from(_lock_queue)
+        .where(_lock_queue.c.resource == lock_state.c.resource, _lock_queue.c.deadline > now)
+        .scalar_subquery()
+        .label("queued")
     )
 
 
 async def get_lock(conn: Connection, resource: str) -> LockView | None:
     sql, params = compile_query(
-        select(lock_state, func.clock_timestamp().label("db_now")).where(lock_state.c.resource == resource)
+        select(lock_state, func.clock_timestamp().label("db_now"), _queued(func.clock_timestamp())).where(
+            lock_state.c.resource == resource
+        )
     )
     row = await conn.fetchrow(sql, *params)
     return None if row is None else _view(row, row["db_now"])
@@ -129,7 +156,7 @@ async def list_locks(
     if cursor is not None:
         conditions.append(lock_state.c.resource > cursor)
     sql, params = compile_query(
-        select(lock_state, now.label("db_now"))
+        select(lock_state, now.label("db_now"), _queued(now))
         .select_from(clock.outerjoin(lock_state, and_(*conditions)))
         .order_by(lock_state.c.resource)
         .limit(limit + 1)

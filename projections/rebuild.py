@@ -3,11 +3,11 @@ replay reads.
 
 The rebuilt table must equal the inline one row for row (tests/storage/test_rebuild.py proves it after
 a random workload). Each row is what ``domain.decider.evolve`` makes of the stream's last event (its
-payload read through ``eventstore/payloads.py``), with the lease length of the last grant, when and for
-which saga step the lease began (its acquire or hand-off), and the giver of a hand-off still awaiting
-acceptance: the last event but outage extensions (which leave that mark alone) is the hand-off. It runs
-set-wise in SQL under an EXCLUSIVE lock on lock_state, which every command and the reaper need (they
-lock a lock_state row first), so the log cannot move while it runs.
+payload read through ``eventstore/payloads.py``), with the lease length of the last grant, when, for
+which saga step and in which reservation the lease began (its acquire or hand-off), and the giver of a
+hand-off still awaiting acceptance: the last event but outage extensions (which leave that mark alone)
+is the hand-off. It runs set-wise in SQL under an EXCLUSIVE lock on lock_state, which every command and
+the reaper need (they lock a lock_state row first), so the log cannot move while it runs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ _EXTENSION = f"(event_type = '{LOCK_RENEWED}' AND metadata ->> 'command' = 'exte
 
 REBUILD_SQL = f"""
 INSERT INTO lock_state (resource, version, status, owner, fencing_token, ttl_ms, expires_at, ended_by,
-                        acquired_at, updated_at, saga_id, saga_step, handed_off_by)
+                        acquired_at, updated_at, saga_id, saga_step, reservation_id, handed_off_by)
 SELECT last.stream_id,
        last.stream_version,
        CASE WHEN {is_granting_sql("last.event_type")} THEN 'held' ELSE 'free' END,
@@ -39,6 +39,7 @@ SELECT last.stream_id,
        last.recorded_at,
        acquired.metadata ->> 'saga_id',
        acquired.metadata ->> 'saga_step',
+       acquired.metadata ->> 'reservation_id',
        CASE WHEN {is_granting_sql("last.event_type")} AND taken.event_type = '{LOCK_HANDED_OFF}'
             THEN {payload_field_sql("taken.data", "from_owner")} END
   FROM (SELECT DISTINCT ON (stream_id) stream_id, stream_version, event_type, data, recorded_at

@@ -69,7 +69,7 @@ def _filters(alias: str, prefix: str, owner: str, *, giver: bool = False) -> str
 _LEASE_JSON = f"""json_build_object(
     'resource', l.resource, 'owner', l.owner, 'fencing_token', l.fencing_token,
     'acquired_at', {timestamp_text_sql("l.acquired_at")}, 'expires_at', {timestamp_text_sql("l.expires_at")},
-    'saga_id', l.saga_id, 'saga_step', l.saga_step)"""
+    'saga_id', l.saga_id, 'saga_step', l.saga_step, 'reservation_id', l.reservation_id)"""
 
 
 def _answer(live: str) -> str:
@@ -96,7 +96,8 @@ SELECT head.db_now, head.position, page.locks, page.next_cursor
 # (renewals overlap), so only it is checked for a later event.
 STATE_SQL = _answer(f"""
     SELECT g.stream_id AS resource, g.owner, g.fencing_token, g.expires_at, a.recorded_at AS acquired_at,
-           a.metadata ->> 'saga_id' AS saga_id, a.metadata ->> 'saga_step' AS saga_step
+           a.metadata ->> 'saga_id' AS saga_id, a.metadata ->> 'saga_step' AS saga_step,
+           a.metadata ->> 'reservation_id' AS reservation_id
       FROM (SELECT DISTINCT ON (c.stream_id) c.stream_id, c.stream_version, c.event_type, c.recorded_at,
                    c.data ->> 'owner' AS owner, (c.data ->> 'fencing_token')::bigint AS fencing_token,
                    event_deadline(c.data) AS expires_at
@@ -105,7 +106,7 @@ STATE_SQL = _answer(f"""
                AND {_filters("c", "$2", "$3")}
                AND ($4::text IS NULL OR c.stream_id > $4)
              ORDER BY c.stream_id, c.stream_version DESC) AS g
-      LEFT JOIN LATERAL (  -- the acquire or hand-off that began the lease: when, for which saga step
+      LEFT JOIN LATERAL (  -- the acquire or hand-off that began the lease: when, saga step, reservation
             SELECT a.recorded_at, a.metadata FROM events a
              WHERE a.stream_id = g.stream_id AND a.event_type IN ({_STARTS})
                AND (a.data ->> 'fencing_token')::bigint = g.fencing_token
@@ -116,7 +117,8 @@ STATE_SQL = _answer(f"""
 # The same answer from holding_periods, for an instant its projector has covered: the one row of each
 # stream valid at $1 (projections/holding_periods.py), one GiST scan.
 HELD_AT_SQL = _answer(f"""
-    SELECT h.resource, h.owner, h.fencing_token, h.expires_at, h.acquired_at, h.saga_id, h.saga_step
+    SELECT h.resource, h.owner, h.fencing_token, h.expires_at, h.acquired_at, h.saga_id, h.saga_step,
+           h.reservation_id
       FROM {HOLDING_PERIODS.name} h
      WHERE h.valid @> $1::timestamptz
        AND ($2::text IS NULL OR starts_with(h.resource, $2)) AND ($3::text IS NULL OR h.owner = $3)
@@ -136,6 +138,7 @@ class LiveLease:
     expires_at: datetime  # the deadline as known at the instant asked about
     saga_id: str | None  # the saga, and its step, the lease was acquired for
     saga_step: str | None
+    reservation_id: str | None  # the reservation the lease was taken in (decision 0048)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,7 @@ def _live_lease(lease: dict[str, Any]) -> LiveLease:
         datetime.fromisoformat(lease["expires_at"]),
         lease["saga_id"],
         lease["saga_step"],
+        lease["reservation_id"],
     )
 
 

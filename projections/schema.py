@@ -34,6 +34,8 @@ lock_state = Table(
     # The saga the lease was acquired in (X-Saga-ID, X-Saga-Step of the acquire), like acquired_at.
     Column("saga_id", Text),
     Column("saga_step", Text),
+    # The reservation the lease was taken in (metadata.reservation_id of its grant; migration 0017).
+    Column("reservation_id", Text),
     # The giver of a hand-off the holder has not yet accepted or declined (migration 0014).
     Column("handed_off_by", Text),
     CheckConstraint("status IN ('held', 'free')", name="lock_state_status_check"),

@@ -5,8 +5,10 @@
 // Data: /v1/locks (held locks, re-polled every few seconds), /v1/events/stream (the change feed: tables
 // update on each event), /v1/sagas (in flight and stuck), /v1/stats (conflicts/s from this server's
 // counters), /v1/stats/agents (each agent's holds, mean hold and lapses, from the agent_stats projector),
-// /v1/replay/state and /v1/replay/changes (the time slider). Times come from the server's
-// clock: the offset to it is measured on each /v1/locks answer (its `at`).
+// /v1/replay/state and /v1/replay/changes (the time slider), /v1/locks/{resource} (a lock's detail: its
+// fair queue in order). Each held lock shows the reservation it was taken in (a badge: clicking it shows
+// that reservation's locks alone) and how many acquires wait for it (`queued`). Times come from the
+// server's clock: the offset to it is measured on each /v1/locks answer (its `at`).
 
 import { setUpTimeline } from "./timeline.js";
 
@@ -34,6 +36,8 @@ const state = {
   conflicts: [], // {at, rate} from two /v1/stats reads of one process
   lastStats: null,
   agentStats: new Map(), // owner -> {holds, ended, mean_hold_ms, lapses} from /v1/stats/agents
+  reservation: null, // the reservation id the held table is narrowed to, if any
+  detail: null, // {resource, lock: the /v1/locks/{resource} answer | null} while a lock's detail is open
   tokenWaiters: [],
 };
 
@@ -159,8 +163,9 @@ function onEvent(event) {
   if (event.type === "LOCK_ACQUIRED" || event.type === "LOCK_RENEWED" || event.type === "LOCK_HANDED_OFF") {
     const data = event.data;
     const meta = event.metadata || {};
-    // A hand-off begins the receiver's lease: the giver's saga is not the receiver's.
-    const before = event.type === "LOCK_HANDED_OFF" ? null : state.locks.get(event.stream)?.lock;
+    // A hand-off begins the receiver's lease: the giver's saga and reservation are not the receiver's.
+    const known = state.locks.get(event.stream)?.lock;
+    const before = event.type === "LOCK_HANDED_OFF" ? null : known;
     remember(event.stream, event.version, at, {
       resource: event.stream,
       owner: data.owner,
@@ -169,12 +174,16 @@ function onEvent(event) {
       ttl_ms: data.ttl_ms,
       saga_id: meta.saga_id ?? before?.saga_id ?? null,
       saga_step: meta.saga_step ?? before?.saga_step ?? null,
+      // A grant names its reservation; a renewal keeps the lease's (an acquire outside one names none).
+      reservation_id: event.type === "LOCK_RENEWED" ? before?.reservation_id ?? null : meta.reservation_id ?? null,
+      queued: known?.queued ?? 0, // the queue is not in the feed: the next poll of /v1/locks counts it
     });
   } else if (LOCK_ENDS.has(event.type)) {
     remember(event.stream, event.version, at, null);
   } else if (!event.type.startsWith("LOCK_")) {
     soon(pollSagas, 200); // a saga moved
   }
+  if (state.detail?.resource === event.stream) soon(pollDetail, 200);
   render();
 }
 
@@ -201,7 +210,36 @@ async function pollLocks() {
     if (!listed.has(resource) && known.seenAt <= at) state.locks.delete(resource);
   }
   $("held-note").textContent = page.next_cursor ? "(the first 1,000)" : "";
+  if (state.detail) await pollDetail();
   render();
+}
+
+// A lock's detail: its state and its fair queue, first in line first (GET /v1/locks/{resource}).
+async function pollDetail() {
+  const resource = state.detail?.resource;
+  if (!resource) return;
+  const lock = await api(`/v1/locks/${encodeURIComponent(resource)}`);
+  if (state.detail?.resource !== resource) return; // closed or moved on meanwhile
+  state.detail.lock = lock;
+  renderDetail();
+}
+
+function openDetail(resource) {
+  state.detail = { resource, lock: null };
+  renderDetail();
+  pollDetail().catch((error) => {
+    if (!(error instanceof NeedToken)) console.warn(error);
+  });
+}
+
+function closeDetail() {
+  state.detail = null;
+  renderDetail();
+}
+
+function showReservation(id) {
+  state.reservation = id;
+  renderLocks();
 }
 
 async function pollSagas() {
@@ -370,6 +408,7 @@ function renderLocks() {
   renderExpiring(locks);
   renderAgents(locks);
   $("count-held").textContent = locks.length;
+  $("count-reservations").textContent = new Set(locks.map((lock) => lock.reservation_id).filter(Boolean)).size;
 }
 
 function el(tag, attrs = {}, ...children) {
@@ -394,26 +433,65 @@ function heldRow(resource) {
     fill: el("div", { class: "fill" }),
     secs: el("span", { class: "secs" }),
     saga: el("td"),
+    badge: el("button", { type: "button", class: "badge", hidden: "" }),
+    queued: el("td", { class: "queued" }),
   };
   cells.bar = el("div", { class: "time-left" }, el("div", { class: "track" }, cells.fill), cells.secs);
+  const name = el("td", { class: "mono resource", text: resource, title: `${resource}: click for its queue` });
+  name.addEventListener("click", () => openDetail(resource));
+  cells.badge.addEventListener("click", () => showReservation(cells.badge.dataset.reservation));
   cells.tr = el(
     "tr",
     { "data-resource": resource },
-    el("td", { class: "mono", text: resource, title: resource }),
+    name,
     cells.owner,
     cells.token,
     el("td", { class: "left" }, cells.bar),
     cells.saga,
+    el("td", { class: "reservation" }, cells.badge),
+    cells.queued,
   );
   return cells;
+}
+
+// A reservation's hue, the same for every lock of it and on every redraw: its locks read as one group.
+function hueOf(id) {
+  let hash = 0;
+  for (const char of id) hash = (hash * 31 + char.codePointAt(0)) >>> 0;
+  return hash % 360;
+}
+
+function setReservation(row, id) {
+  if (row.badge.dataset.reservation === (id ?? "")) return;
+  row.badge.dataset.reservation = id ?? "";
+  row.tr.dataset.reservation = id ?? "";
+  row.badge.textContent = id ?? "";
+  row.badge.title = id ? `Reservation ${id}: show its locks alone` : "";
+  row.badge.hidden = !id;
+  if (id) row.badge.style.setProperty("--hue", String(hueOf(id)));
+}
+
+// The queue's length, from the live list; the past's queues are not recorded (empty while scrubbed).
+function setQueued(row, queued) {
+  const known = typeof queued === "number";
+  setText(row.queued, known && queued > 0 ? String(queued) : "");
+  row.queued.dataset.queued = known ? String(queued) : "";
+  row.queued.title = known ? `${queued} acquire(s) waiting` : "not known for the past";
 }
 
 function setText(node, text) {
   if (node.textContent !== text) node.textContent = text;
 }
 
-function renderHeld(locks) {
+function renderHeld(all) {
   const body = $("held").tBodies[0];
+  const only = state.reservation;
+  const locks = only ? all.filter((lock) => lock.reservation_id === only) : all;
+  $("held-filter").hidden = !only;
+  if (only) {
+    setText($("held-filter-id"), only);
+    setText($("held-filter-count"), `${locks.length} lock(s)`);
+  }
   const rows = locks.map((lock) => {
     let row = heldRows.get(lock.resource);
     if (!row) heldRows.set(lock.resource, (row = heldRow(lock.resource)));
@@ -421,6 +499,8 @@ function renderHeld(locks) {
     setText(row.token, String(lock.fencing_token));
     setText(row.saga, lock.saga_id ? `${lock.saga_id} · ${lock.saga_step ?? ""}` : "");
     row.saga.title = row.saga.textContent;
+    setReservation(row, lock.reservation_id);
+    setQueued(row, lock.queued);
     row.owner.title = lock.owner;
     const ttl = lock.ttl_ms || Date.parse(lock.expires_at) - Date.parse(lock.acquired_at) || lock.left;
     row.fill.style.width = `${Math.max(0, Math.min(100, (100 * lock.left) / ttl))}%`;
@@ -434,7 +514,44 @@ function renderHeld(locks) {
     body.replaceChildren(...rows);
   }
   $("held-empty").hidden = locks.length > 0;
-  $("held-empty").textContent = state.scrub ? "No lock was held then." : "No lock is held.";
+  $("held-empty").textContent = only
+    ? "No lock of this reservation is held."
+    : state.scrub
+      ? "No lock was held then."
+      : "No lock is held.";
+}
+
+function renderDetail() {
+  const detail = state.detail;
+  $("detail-card").hidden = !detail;
+  if (!detail) return;
+  $("detail-card").dataset.resource = detail.resource;
+  setText($("detail-resource"), detail.resource);
+  const lock = detail.lock;
+  const facts = lock
+    ? [
+        ["Status", lock.status],
+        ["Holder", lock.status === "held" ? lock.owner : ""],
+        ["Token", String(lock.fencing_token)],
+        ["Reservation", lock.reservation_id ?? ""],
+        ["Saga", lock.saga_id ? `${lock.saga_id} · ${lock.saga_step ?? ""}` : ""],
+      ]
+    : [["Status", "loading…"]];
+  $("detail-facts").replaceChildren(
+    ...facts.filter(([, value]) => value).flatMap(([term, value]) => [el("dt", { text: term }), el("dd", { text: value })]),
+  );
+  const queue = lock?.queue ?? [];
+  $("detail-queue").replaceChildren(
+    ...queue.map((waiting, place) =>
+      el(
+        "li",
+        { "data-owner": waiting.owner, "data-place": String(place + 1) },
+        el("span", { text: `${place + 1}. ${waiting.owner}` }),
+        el("span", { class: "why", text: `waits until ${formatClock(Date.parse(waiting.deadline))}` }),
+      ),
+    ),
+  );
+  $("detail-queue-empty").hidden = queue.length > 0;
 }
 
 function renderExpiring(locks) {
@@ -700,6 +817,8 @@ function start() {
   $("large-type").addEventListener("click", () => setLarge(!document.documentElement.classList.contains("large")));
   timeline = setUpTimeline({ api, el, now: serverNow, instant: () => state.scrub?.at ?? null });
   $("slider").addEventListener("input", onSlide);
+  $("held-filter-clear").addEventListener("click", () => showReservation(null));
+  $("detail-close").addEventListener("click", closeDetail);
   $("live").addEventListener("click", goLive);
 
   const at = Date.parse(new URLSearchParams(location.search).get("at") ?? "");

@@ -138,6 +138,48 @@ def test_history_of_a_resource_and_of_an_agent(scene: Scene, unique_prefix: str)
     assert "3 event(s)" in table
 
 
+async def test_replay_and_history_name_the_reservation_and_tell_a_hand_off(
+    scene: Scene,
+    auth_server: ServerProcess,
+    issue_token: IssueToken,
+    admin_pool: asyncpg.Pool,
+    unique_prefix: str,
+) -> None:
+    """Two zones reserved together and a pallet handed off then accepted: replay's table and json name the
+    reservation of each zone; history marks the reserved events and says who gave the pallet to whom,
+    with how long to accept, and that it was accepted."""
+    zones = [f"{unique_prefix}trip:A1", f"{unique_prefix}trip:A2"]
+    pallet = f"{unique_prefix}trip:pallet"
+    receiver = f"{unique_prefix}agv-2"
+    async with (
+        AsyncClient(auth_server.base_url, token=await issue_token(scene.owner, Role.AGENT)) as agent,
+        AsyncClient(auth_server.base_url, token=await issue_token(receiver, Role.AGENT)) as other,
+    ):
+        await agent.reserve_set(zones, ttl=60, reservation_id="route-7")
+        lease = await agent.acquire(pallet, ttl=60)
+        await agent.handoff(pallet, None, lease.fencing_token, receiver, accept_within=5)
+        await other.accept(pallet, ttl=60)
+    after: datetime = await admin_pool.fetchval("SELECT clock_timestamp()")
+    common = ["--at", after.isoformat(), "--prefix", f"{unique_prefix}trip:"]
+
+    answer = json.loads(_ok(lockledger("replay", *common, "--format", "json", url=scene.url,
+                                       token=scene.investigator)))  # fmt: skip
+    assert [(lock["resource"], lock["reservation_id"]) for lock in answer["locks"]] == [
+        (zones[0], "route-7"), (zones[1], "route-7"), (pallet, None),
+    ]  # fmt: skip
+    table = _ok(lockledger("replay", *common, url=scene.url, token=scene.investigator))
+    assert "reservation" in table
+    assert table.count("route-7") == 2
+
+    shown = _ok(lockledger("history", zones[0], url=scene.url, token=scene.investigator))
+    assert "reservation route-7" in shown
+    handed = _ok(lockledger("history", pallet, url=scene.url, token=scene.investigator))
+    assert f"from {scene.owner} (token {lease.fencing_token}) to {receiver}" in handed
+    assert "to accept within 5 s" in handed
+    assert "accepted the hand-off" in handed
+    assert "reservation" not in handed
+
+
 def test_export_to_a_file_is_ndjson_of_every_event_and_resumes(
     scene: Scene, unique_prefix: str, tmp_path: Path
 ) -> None:

@@ -1,7 +1,9 @@
 """Lock histories for replay's tests: hypothesis draws the steps, the pure decider decides them, and
 :func:`write_history` appends what it decided at the instants it chose (deadlines that pass between
 events included), as the owner of the schema may. Leases are handed off too, and the hand-offs accepted
-or declined (docs/decisions/0047-lease-hand-off.md), so every fold here meets them."""
+or declined (docs/decisions/0047-lease-hand-off.md), so every fold here meets them. Acquires by
+``agv-1`` are taken in a reservation (``metadata.reservation_id``, as a reserve's grants carry it), so
+replay's rows and holding_periods name one."""
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class Logged:
     type: str
     data: dict[str, object]
     recorded_at: datetime
+    metadata: dict[str, str]
 
 
 def _command(kind: str, resource: str, owner: str, ttl_ms: int, state: LockState) -> Command:
@@ -91,11 +94,13 @@ async def write_history(conn: Connection, prefix: str, start: datetime, story: l
         for event in events:
             state = evolve(state, event)
             data = event_payload(event)
+            reserved = kind == "acquire" and data["owner"] == "agv-1"
+            metadata = {"reservation_id": f"trip-{len(logged)}"} if reserved else {}
             position = await conn.fetchval(
-                """INSERT INTO events (stream_id, stream_version, event_type, data, recorded_at)
-                   VALUES ($1, $2, $3, $4::jsonb, $5) RETURNING position""",
-                state.resource, state.version, event.type, json.dumps(data), now,
+                """INSERT INTO events (stream_id, stream_version, event_type, data, metadata, recorded_at)
+                   VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, $6) RETURNING position""",
+                state.resource, state.version, event.type, json.dumps(data), json.dumps(metadata), now,
             )  # fmt: skip
-            logged.append(Logged(position, state.resource, state.version, event.type, data, now))
+            logged.append(Logged(position, state.resource, state.version, event.type, data, now, metadata))
         states[index] = state
     return logged

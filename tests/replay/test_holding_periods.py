@@ -48,6 +48,15 @@ async def test_projected_equals_built_and_reapplying_changes_nothing(
         projected = await _rows(conn, HOLDING_PERIODS.name, prefix)
         grants = [e for e in logged if e.type in ("LOCK_ACQUIRED", "LOCK_RENEWED", "LOCK_HANDED_OFF")]
         assert len(projected) == len(grants)  # not vacuous: a row per grant
+        # Each row names the reservation its lease was begun in (its acquire's or hand-off's metadata).
+        begun = {
+            (e.resource, e.data["fencing_token"]): e.metadata.get("reservation_id")
+            for e in logged
+            if e.type in ("LOCK_ACQUIRED", "LOCK_HANDED_OFF")
+        }
+        assert [row["reservation_id"] for row in projected] == [
+            begun[(row["resource"], row["fencing_token"])] for row in projected
+        ]
 
         # Any slice of the log applied again, newest first, changes nothing.
         keys = [(e.resource, e.version) for e in logged]

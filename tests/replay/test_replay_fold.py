@@ -3,7 +3,8 @@
 Hypothesis writes lock histories on their own stretch of a synthetic past (decided by the pure decider,
 appended with the instants it chose, deadlines that pass between events included), then asks
 ``state_at`` about instants before, between, at and after the events and deadlines, and compares with
-the fold below: what was live at T, with the deadline known at T and when the lease was acquired. Both
+the fold below: what was live at T, with the deadline known at T, when the lease was acquired and in
+which reservation. Both
 ways of answering are held to it: the log, and holding_periods once its projector has caught up.
 """
 
@@ -28,26 +29,26 @@ _DAYS = itertools.count()  # each example its own day of 1990, later examples on
 _BASE = datetime(1990, 1, 1, tzinfo=UTC)
 
 
-def _fold(logged: list[Logged], at: datetime) -> list[tuple[str, str, int, datetime, datetime]]:
+Lease = tuple[str, str, int, datetime, datetime, str | None]  # resource, ..., reservation
+
+
+def _fold(logged: list[Logged], at: datetime) -> list[Lease]:
     """The leases live at ``at``: the last grant of each resource not ended since, deadline ahead."""
-    leases: dict[str, tuple[str, int, datetime, datetime]] = {}
+    leases: dict[str, Lease] = {}
     for event in logged:
         if event.recorded_at > at:
             continue
         deadline = datetime.fromisoformat(str(event.data["expires_at"]))
         token = int(str(event.data["fencing_token"]))
         if event.type in ("LOCK_ACQUIRED", "LOCK_HANDED_OFF"):  # a lease begins (and the giver's ends)
-            leases[event.resource] = (str(event.data["owner"]), token, event.recorded_at, deadline)
+            owner, reservation = str(event.data["owner"]), event.metadata.get("reservation_id")
+            leases[event.resource] = (event.resource, owner, token, event.recorded_at, deadline, reservation)
         elif event.type == "LOCK_RENEWED":
-            owner, _, acquired_at, _ = leases[event.resource]
-            leases[event.resource] = (owner, token, acquired_at, deadline)
+            resource, owner, _, acquired_at, _, reservation = leases[event.resource]
+            leases[event.resource] = (resource, owner, token, acquired_at, deadline, reservation)
         else:
             leases.pop(event.resource, None)
-    return sorted(
-        (resource, owner, token, acquired_at, deadline)
-        for resource, (owner, token, acquired_at, deadline) in leases.items()
-        if deadline > at
-    )
+    return sorted(lease for lease in leases.values() if lease[4] > at)
 
 
 def _instants(logged: list[Logged], start: datetime) -> list[datetime]:
@@ -77,7 +78,14 @@ async def test_replay_equals_a_fold_of_the_log(
             found = await state_at(conn, at, prefix=prefix, limit=1000, use_projection=source == PROJECTION)
             assert found.source == source
             got = [
-                (lease.resource, lease.owner, lease.fencing_token, lease.acquired_at, lease.expires_at)
+                (
+                    lease.resource,
+                    lease.owner,
+                    lease.fencing_token,
+                    lease.acquired_at,
+                    lease.expires_at,
+                    lease.reservation_id,
+                )
                 for lease in found.locks
             ]
             assert got == _fold(logged, at), at

@@ -232,7 +232,7 @@ async def test_the_state_is_rendered_as_its_response_model_renders_it(
 
 def test_a_lease_whose_acquire_is_archived_is_rendered_as_the_model_renders_it() -> None:
     at = datetime(2026, 5, 5, 14, 2, 7, 123456, tzinfo=UTC)
-    lease = LiveLease("zone:A3", "agv-7", 12, None, at + timedelta(microseconds=10), "s-1", "pick")
+    lease = LiveLease("zone:A3", "agv-7", 12, None, at + timedelta(microseconds=10), "s-1", "pick", "trip-9")
     locks = json.dumps([{**asdict(lease), "expires_at": "2026-05-05T14:02:07.123466Z"}])
     found = StateAt(at, 99, locks, next_cursor=None)
     model = ReplayState(

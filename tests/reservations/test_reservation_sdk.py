@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import httpx
 import pytest
 
@@ -44,6 +45,36 @@ async def test_the_async_reservation_heartbeats_the_set_and_releases_one_zone_th
             reservation.check()
         assert await _status(http, a2) == "free"
         assert reservation.lost.is_set()  # over: late readers must not trust it
+
+
+async def test_the_records_name_the_reservation_and_count_the_queue(
+    server: ServerProcess, http: httpx.AsyncClient, admin_pool: asyncpg.Pool, unique_prefix: str
+) -> None:
+    """``get_lock``, ``list_locks`` and ``replay_state`` name the reservation of each reserved lease, and
+    a lock's records count the acquires queued for it (``queued``) and list them (``queue``)."""
+    a1, a2 = f"{unique_prefix}A1", f"{unique_prefix}A2"
+    async with lockledger.AsyncClient(server.base_url, agent_id="agv-1") as client:
+        reserved = await client.reserve_set([a1, a2], "agv-1", ttl=30, reservation_id="route-9")
+        waiting = asyncio.create_task(
+            http.post(f"/v1/locks/{a1}/acquire", json={"owner": "agv-2", "ttl_ms": 30_000, "wait_ms": 20_000})
+        )
+        for _ in range(100):
+            info = await client.get_lock(a1)
+            if info.queue:
+                break
+            await asyncio.sleep(0.05)
+        assert (info.reservation_id, info.queued, [q.owner for q in info.queue]) == ("route-9", 1, ["agv-2"])
+        page = await client.list_locks(prefix=unique_prefix)
+        assert [(lock.resource, lock.reservation_id, lock.queued) for lock in page.items] == [
+            (a1, "route-9", 1), (a2, "route-9", 0),
+        ]  # fmt: skip
+        at = await admin_pool.fetchval("SELECT clock_timestamp()")
+        await client.release_reservation("route-9", "agv-1", reserved.tokens)
+        assert (await waiting).status_code == 201
+        state = await client.replay_state(at, prefix=unique_prefix)
+        assert [(lease.resource, lease.reservation_id) for lease in state.locks] == [
+            (a1, "route-9"), (a2, "route-9"),
+        ]  # fmt: skip
 
 
 async def test_the_async_reservation_waits_for_the_whole_set(

@@ -225,6 +225,39 @@ async def test_with_tokens_the_owner_is_the_principal(
         assert done.status_code == 200
 
 
+async def test_the_lock_list_and_a_lock_name_the_reservation_and_count_the_queue(
+    http: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """``GET /v1/locks`` and ``GET /v1/locks/{r}`` name the reservation of each reserved lease and count
+    the acquires queued behind it; the lease the waiter then gets names none."""
+    a1, a2 = f"{unique_prefix}A1", f"{unique_prefix}A2"
+    body = (await _reserve(http, "agv-1", [a1, a2], ttl_ms=30_000, reservation_id="route-7")).json()
+    waiting = asyncio.create_task(
+        http.post(f"/v1/locks/{a2}/acquire", json={"owner": "agv-9", "ttl_ms": 30_000, "wait_ms": 20_000})
+    )
+    for _ in range(100):
+        state = (await http.get(f"/v1/locks/{a2}")).json()
+        if state["queue"]:
+            break
+        await asyncio.sleep(0.05)
+    assert (state["reservation_id"], state["queued"]) == ("route-7", 1)
+    assert [queued["owner"] for queued in state["queue"]] == ["agv-9"]
+    listed = (await http.get("/v1/locks", params={"prefix": unique_prefix})).json()["items"]
+    assert [(lock["resource"], lock["reservation_id"], lock["queued"]) for lock in listed] == [
+        (a1, "route-7", 0), (a2, "route-7", 1),
+    ]  # fmt: skip
+
+    released = await http.post(
+        "/v1/reservations/route-7/release", json={"owner": "agv-1", "leases": _leases(body)}
+    )
+    assert released.status_code == 200, released.text
+    assert (await waiting).status_code == 201
+    listed = (await http.get("/v1/locks", params={"prefix": unique_prefix})).json()["items"]
+    assert [(lock["resource"], lock["owner"], lock["reservation_id"], lock["queued"]) for lock in listed] == [
+        (a2, "agv-9", None, 0)
+    ]
+
+
 async def test_the_reaper_expires_the_set_and_replay_sees_it_held_before(
     http: httpx.AsyncClient, unique_prefix: str
 ) -> None:

@@ -230,7 +230,8 @@ async def _admin_sql(url: str, sql: str) -> None:
         await conn.close()
 
 
-_LENT_COLUMN = "handed_off_by"  # lock_state's column from migration 0014, which today's commands write
+# lock_state's columns from migrations 0014 and 0017, which today's commands write.
+_LENT_COLUMNS = ("handed_off_by", "reservation_id")
 # The commands of this tree read the fair queue (migration 0015), which a database at 0009 lacks: an
 # empty stand-in while the old schema's history is written, dropped before the migrations run.
 _QUEUE_STAND_IN = (
@@ -257,19 +258,20 @@ async def _history_at_0009(url: str, resources: int) -> None:
 async def _history(url: str, resources: int) -> None:
     """Acquire, renew and release ``resources`` locks, then acquire and release them again: five events
     each, the locks free at the end. On a schema older than the command path's (0009), the lock_state
-    column it writes is lent for the while and taken back, so the schema is the old one again."""
+    columns it writes are lent for the while and taken back, so the schema is the old one again."""
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
-        lend = not await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM information_schema.columns"
-            " WHERE table_name = 'lock_state' AND column_name = $1)",
-            _LENT_COLUMN,
+        present = await conn.fetch(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_name = 'lock_state' AND column_name = ANY($1::text[])",
+            list(_LENT_COLUMNS),
         )
-        if lend:
-            await conn.execute(f"ALTER TABLE lock_state ADD COLUMN {_LENT_COLUMN} text")
+        lent = [column for column in _LENT_COLUMNS if column not in {row[0] for row in present}]
+        for column in lent:
+            await conn.execute(f"ALTER TABLE lock_state ADD COLUMN {column} text")
         await _commands(url, resources)
-        if lend:
-            await conn.execute(f"ALTER TABLE lock_state DROP COLUMN {_LENT_COLUMN}")
+        for column in lent:
+            await conn.execute(f"ALTER TABLE lock_state DROP COLUMN {column}")
     finally:
         await conn.close()
 

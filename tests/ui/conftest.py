@@ -22,9 +22,14 @@ def page_database_url(database_url: str) -> Iterator[str]:
         yield url
 
 
+# Acquires may wait as long as they ask (the shared server cuts waits to 2 s): the page shows a lock's
+# queue, and its waiters must stay queued across the page's polls.
+PAGE_SERVER_SETTINGS = {**SERVER_SETTINGS, "LOCKLEDGER_MAX_WAIT_MS": "60000"}
+
+
 @pytest.fixture(scope="session")
 def server(page_database_url: str) -> Iterator[ServerProcess]:
-    with running_server(page_database_url, SERVER_SETTINGS) as proc:
+    with running_server(page_database_url, PAGE_SERVER_SETTINGS) as proc:
         yield proc
 
 

@@ -273,6 +273,85 @@ async def test_a_long_holder_and_saga_are_shown_in_full_at_1400_px(
     assert tab.errors == []
 
 
+async def _until_queued(api: httpx.AsyncClient, resource: str, count: int) -> None:
+    """Until ``count`` acquires wait in the lock's queue (by the API's answer, not by a pause)."""
+    for _ in range(200):
+        if len((await api.get(f"/v1/locks/{resource}")).json()["queue"]) >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{count} acquires never queued for {resource}")
+
+
+async def test_reserved_locks_show_their_reservation_and_a_lock_its_queue_in_order(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """Two zones reserved together carry the reservation's badge (live, and at a past instant); its badge
+    narrows the table to that reservation's locks; the Queue column counts the acquires waiting for a
+    zone, and the zone's detail lists them first in line first."""
+    await tab.open(f"{server.base_url}/ui")
+    a1, a2, other = (f"{unique_prefix}{name}" for name in ("zone:A1", "zone:A2", "dock:1"))
+    trip = f"{unique_prefix}route-7"
+    reserved = await api.post(
+        "/v1/reservations",
+        json={"owner": "agv-1", "resources": [a1, a2], "ttl_ms": 60_000, "reservation_id": trip},
+    )
+    assert reserved.status_code == 201, reserved.text
+    await acquire(api, other, "agv-3")
+    waiters = []
+    for owner in ("agv-5", "agv-6"):  # in this order: the second joins once the first is queued
+        body = {"owner": owner, "ttl_ms": 60_000, "wait_ms": 30_000}
+        waiters.append(asyncio.create_task(api.post(f"/v1/locks/{a2}/acquire", json=body)))
+        await _until_queued(api, a2, len(waiters))
+
+    for zone in (a1, a2):
+        badge = held_row(tab.page, zone).locator("td.reservation .badge")
+        await expect(badge).to_have_text(trip, timeout=WITHIN_A_SECOND_MS)
+    await expect(held_row(tab.page, other).locator("td.reservation .badge")).to_be_hidden()
+    # The queue is polled with the list (every 3 s): within a poll and a half.
+    await expect(held_row(tab.page, a2).locator("td.queued")).to_have_text("2", timeout=LOADED_MS)
+    await expect(held_row(tab.page, a1).locator("td.queued")).to_have_text("")
+    await expect(tab.page.locator("#count-reservations")).not_to_have_text("0")
+
+    await held_row(tab.page, a1).locator("td.reservation .badge").click()
+    await expect(tab.page.locator("#held-filter")).to_contain_text(f"{trip}: 2 lock(s)")
+    await expect(tab.page.locator("#held tbody tr")).to_have_count(2)
+    await expect(held_row(tab.page, other)).to_have_count(0)
+    await tab.page.get_by_role("button", name="Show all").click()
+    await expect(held_row(tab.page, other)).to_be_visible()
+
+    await held_row(tab.page, a2).locator("td.resource").click()
+    detail = tab.page.locator("#detail-card")
+    await expect(detail).to_be_visible()
+    await expect(detail.locator("#detail-resource")).to_have_text(a2)
+    await expect(detail.locator("#detail-facts")).to_contain_text(trip)
+    queued = detail.locator("#detail-queue li")
+    await expect(queued).to_have_count(2, timeout=LOADED_MS)
+    await expect(queued.nth(0)).to_contain_text("1. agv-5")
+    await expect(queued.nth(1)).to_contain_text("2. agv-6")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await tab.page.screenshot(path=ARTIFACTS / "reservation-and-queue.png", full_page=True)
+
+    at = datetime.fromisoformat(reserved.json()["expires_at"]) - timedelta(seconds=58)
+    await asyncio.sleep(max(0.0, (at - datetime.now(at.tzinfo)).total_seconds() + 2))
+    await tab.scrub(at)
+    await expect(held_row(tab.page, a1).locator("td.reservation .badge")).to_have_text(trip)
+    await expect(held_row(tab.page, a2).locator("td.queued")).to_have_text("")  # the past's queue: unknown
+
+    leases = [
+        {"resource": lease["resource"], "fencing_token": lease["fencing_token"]}
+        for lease in reserved.json()["leases"]
+    ]
+    released = await api.post(f"/v1/reservations/{trip}/release", json={"owner": "agv-1", "leases": leases})
+    assert released.status_code == 200, released.text
+    first = await waiters[0]
+    assert first.status_code == 201, first.text
+    await api.post(
+        f"/v1/locks/{a2}/release", json={"owner": "agv-5", "fencing_token": first.json()["fencing_token"]}
+    )
+    assert (await waiters[1]).status_code == 201
+    assert tab.errors == []
+
+
 @pytest.mark.slow
 async def test_on_a_busy_fleet_the_events_near_the_instant_are_the_nearest_ones(
     tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
