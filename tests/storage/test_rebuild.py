@@ -39,6 +39,7 @@ pytestmark = pytest.mark.storage
 RESOURCES = 20
 COMMANDS = 400
 TRIP_RESOURCES = 6  # taken by reservations of two, and now and then by a single acquire
+HANDOFF_RESOURCES = 2  # one hand-off accepted, one declined, at the end
 
 
 @dataclass
@@ -117,6 +118,12 @@ async def _workload(
         if rng.random() < 0.03:
             async with service_pool.acquire() as conn:
                 await expire_due(conn, 1000, f"{prefix}reaper")
+    # A hand-off accepted and one declined, whatever the waves' timing gave: the comparison needs both.
+    for answered in ("accepted", "declined"):
+        resource = f"{prefix}handoff-{answered}"
+        await run(Acquire(resource, "bot1", 5_000))
+        await run(HandOff(resource, "bot1", leases[resource].token, "bot2", 5_000))
+        await run(Accept(resource, "bot2", 5_000) if answered == "accepted" else Decline(resource, "bot2"))
     await asyncio.sleep(0.13)
     async with service_pool.acquire() as conn:
         outcomes["reaped"] += len(await expire_due(conn, 1000, f"{prefix}reaper"))
@@ -172,7 +179,7 @@ async def test_rebuild_reproduces_lock_state_and_equals_a_fold_of_the_log(
     for event in events:
         streams.setdefault(event["stream_id"], []).append(event)
     assert len(streams) == len(projected)
-    assert RESOURCES < len(projected) <= RESOURCES + TRIP_RESOURCES
+    assert RESOURCES + HANDOFF_RESOURCES < len(projected) <= RESOURCES + TRIP_RESOURCES + HANDOFF_RESOURCES
     ended_by: Counter[str | None] = Counter()
     for row in projected:
         resource = row["resource"]
