@@ -22,6 +22,7 @@ from datetime import datetime
 import asyncpg
 import structlog
 
+from domain.shared_lock import STREAM_PREFIX as SHARED_PREFIX
 from domain.value import value
 from eventstore.connection import Connection
 from service.database import connection
@@ -35,6 +36,16 @@ ENTER_SQL = """
 WITH head AS (SELECT resource FROM lock_state WHERE resource = $1 FOR UPDATE)
 INSERT INTO lock_queue (resource, owner, server, since, deadline)
 SELECT resource, $2, $3, clock_timestamp(), clock_timestamp() + $4::integer * interval '1 millisecond'
+  FROM head
+RETURNING ticket
+"""
+
+# A shared lock's queue is keyed by its stream id (``shared/<resource>``) and ordered by its own head row
+# (``shared_locks``, projections/shared_locks.py), which its commit locks as a mutex's locks lock_state.
+ENTER_SHARED_SQL = """
+WITH head AS (SELECT resource FROM shared_locks WHERE resource = $5 FOR UPDATE)
+INSERT INTO lock_queue (resource, owner, server, since, deadline, exclusive)
+SELECT $1, $2, $3, clock_timestamp(), clock_timestamp() + $4::integer * interval '1 millisecond', $6
   FROM head
 RETURNING ticket
 """
@@ -78,12 +89,20 @@ class PostgresQueue:
         self._acquire_timeout_s = acquire_timeout_s
         self._server = server
 
-    async def enter(self, resource: str, owner: str, wait_ms: int) -> int | None:
+    async def enter(self, resource: str, owner: str, wait_ms: int, exclusive: bool = True) -> int | None:
         """A ticket for ``owner`` at the end of ``resource``'s queue, live for ``wait_ms``; None when the
-        lock has no head row (never taken: nothing to wait for). Raises ``NotifierUnavailable``."""
+        lock has no head row (never taken: nothing to wait for). ``resource`` is a mutex's resource or a
+        shared lock's stream id; ``exclusive`` marks a ticket waiting for an exclusive grant (a reader's
+        is not). Raises ``NotifierUnavailable``."""
         try:
             async with connection(self._pool, self._acquire_timeout_s) as conn:
-                ticket = await conn.fetchval(ENTER_SQL, resource, owner, self._server, wait_ms)
+                if resource.startswith(SHARED_PREFIX):
+                    ticket = await conn.fetchval(
+                        ENTER_SHARED_SQL, resource, owner, self._server, wait_ms,
+                        resource.removeprefix(SHARED_PREFIX), exclusive,
+                    )  # fmt: skip
+                else:
+                    ticket = await conn.fetchval(ENTER_SQL, resource, owner, self._server, wait_ms)
         except _FAILURES as error:
             raise NotifierUnavailable(str(error)) from error
         return None if ticket is None else int(ticket)
