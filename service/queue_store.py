@@ -60,7 +60,7 @@ SELECT pg_notify('{CHANNEL}', gone.resource) FROM gone
 ANNOUNCE_SQL = f"SELECT pg_notify('{CHANNEL}', $1)"
 
 QUEUE_SQL = """
-SELECT owner, since, deadline FROM lock_queue
+SELECT owner, since, deadline, exclusive FROM lock_queue
  WHERE resource = $1 AND deadline > clock_timestamp()
  ORDER BY ticket
 """
@@ -75,12 +75,14 @@ class Waiting:
     owner: str
     since: datetime
     deadline: datetime
+    exclusive: bool = True  # waits for an exclusive grant (a shared lock's reader does not)
 
 
 async def queue_of(conn: Connection, resource: str) -> list[Waiting]:
-    """The acquires waiting for ``resource``, first in line first (expired tickets left out)."""
+    """The acquires waiting for ``resource`` (a shared lock's stream id for its queue), first in line first
+    (expired tickets left out)."""
     rows = await conn.fetch(QUEUE_SQL, resource)
-    return [Waiting(row["owner"], row["since"], row["deadline"]) for row in rows]
+    return [Waiting(row["owner"], row["since"], row["deadline"], row["exclusive"]) for row in rows]
 
 
 class PostgresQueue:
