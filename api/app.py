@@ -122,6 +122,7 @@ def create_app(
             conflict_retries=settings.conflict_retries,
             acquire_timeout_s=settings.pool_acquire_timeout_s,
             max_wait_ms=settings.max_wait_ms,
+            outage_watch=outage_watch,
         )
         app.state.authenticator = (
             None

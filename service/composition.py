@@ -19,6 +19,7 @@ from service.database_guard import DatabaseGuard
 from service.lock_service import LockService
 from service.notifier import PostgresNotifier
 from service.outage import OutageWatch
+from service.ports import SharedLockStore
 from service.projectors import ProjectorRunner
 from service.queue_store import PostgresQueue, QueueListener
 from service.reaper import Reaper
@@ -28,7 +29,7 @@ from service.reservation_store import GuardedReservations, PostgresReservationSt
 from service.saga_service import SagaService
 from service.saga_store import PostgresSagaStore
 from service.shared_lock_service import SharedLockService
-from service.shared_lock_store import PostgresSharedLockStore
+from service.shared_lock_store import PostgresSharedLockStore, SharedAfterOutage
 from service.store import PostgresStore
 from service.store_adapters import Adapters, build_store
 from service.waiters import Waiters
@@ -94,13 +95,17 @@ def shared_lock_service_on_pool(
     conflict_retries: int = 16,
     acquire_timeout_s: float = 5.0,
     max_wait_ms: int = 30_000,
+    outage_watch: OutageWatch | None = None,
 ) -> SharedLockService:
     """The shared-lock use case beside ``locks``: it waits in the same queues (keyed by its stream ids)
-    with the lock service's waiters, and runs through its database guard."""
+    with the lock service's waiters, runs through its database guard, and after an outage extends
+    first when given the process's ``outage_watch``."""
+    store: SharedLockStore = PostgresSharedLockStore(pool, acquire_timeout_s)
+    if outage_watch is not None:
+        store = SharedAfterOutage(store, outage_watch)
     return SharedLockService(
-        PostgresSharedLockStore(pool, acquire_timeout_s), bounds, locks.waiters, locks.guard,
-        conflict_retries=conflict_retries, max_wait_ms=max_wait_ms,
-    )  # fmt: skip
+        store, bounds, locks.waiters, locks.guard, conflict_retries=conflict_retries, max_wait_ms=max_wait_ms
+    )
 
 
 def saga_service_on_pool(

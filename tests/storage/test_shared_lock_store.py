@@ -1,6 +1,6 @@
 """Shared locks on a real PostgreSQL: the projection rows written with the append, the version check, a
 renewal refused once its grant lapsed by the database clock, the queue's rule where the grant is
-serialized, and the reaper's pass (docs/decisions/0051-shared-locks.md)."""
+serialized, the reaper's pass, and the migration's downgrade (docs/decisions/0051-shared-locks.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from alembic import command
 
 from domain.errors import LeaseExpired, NotHolder
 from domain.resource import TtlBounds
@@ -22,6 +23,8 @@ from domain.shared_lock import (
     decide,
     stream_id,
 )
+from eventstore.dburl import asyncpg_dsn
+from migrations.upgrade import alembic_config
 from service.composition import lock_service_on_pool, shared_lock_service_on_pool
 from service.lock_service import CommandContext
 from service.queue_store import PostgresQueue
@@ -140,3 +143,20 @@ async def test_a_reader_behind_a_queued_writer_waits_where_the_grant_is_serializ
     await queue.leave(ticket)
     await shared.execute(AcquireShared(resource, "r2", "shared", 60_000), CTX)
     await shared.execute(ReleaseShared(resource, "r1", reader.outcome["fencing_token"]), CTX)
+
+
+async def test_the_migration_downgrades_and_upgrades_again(scratch_database_url: str) -> None:
+    config = alembic_config(scratch_database_url)
+    await asyncio.to_thread(command.downgrade, config, "0015")
+    conn = await asyncpg.connect(asyncpg_dsn(scratch_database_url))
+    try:
+        tables = await conn.fetchval("SELECT count(*) FROM pg_class WHERE relname LIKE 'shared\\_%'")
+        column = await conn.fetchval(
+            "SELECT count(*) FROM information_schema.columns"
+            " WHERE table_name = 'lock_queue' AND column_name = 'exclusive'"
+        )
+        assert (tables, column) == (0, 0)
+        await asyncio.to_thread(command.upgrade, config, "head")
+        assert await conn.fetchval("SELECT count(*) FROM shared_holders") == 0
+    finally:
+        await conn.close()
