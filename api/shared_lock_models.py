@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from api.models import Owner, Timestamp, WholeNumber
+from api.models import Owner, Timestamp, WholeNumber, _whole_number
 from domain.shared_lock import MAX_LIMIT
 
 ModeField = Literal["shared", "exclusive"]
+# A whole number (as ``WholeNumber``), its bounds before the coercion so the OpenAPI states them.
+PermitCount = Annotated[int, Field(ge=1, le=MAX_LIMIT), BeforeValidator(_whole_number)]
 
 
 class _Body(BaseModel):
@@ -23,10 +25,8 @@ class SharedAcquireRequest(_Body):
         description="`shared`: with other shared grants (a reader, or a semaphore's permit); `exclusive`:"
         " alone (a writer). Exclusive if omitted, the safe default.",
     )
-    limit: WholeNumber | None = Field(
+    limit: PermitCount | None = Field(
         default=None,
-        ge=1,
-        le=MAX_LIMIT,
         description="The most grants the lock may have at once: a semaphore's permits. Every holder names"
         " the same limit (409 `limit_mismatch` otherwise, until all are gone); none for a read/write lock.",
     )
