@@ -16,7 +16,9 @@ from functools import partial
 from typing import Any
 
 import structlog
+from prometheus_client import Counter
 
+from domain.errors import DomainError
 from domain.resource import TtlBounds
 from domain.shared_lock import (
     EXCLUSIVE,
@@ -45,6 +47,13 @@ from service.ports import CommitConflict, SharedLockStore, StoredOutcome
 from service.waiters import Waiters
 
 log = structlog.get_logger("lockledger.reaper")
+
+SHARED_COMMANDS_TOTAL = Counter(
+    "lockledger_shared_lock_commands_total",
+    "Shared-lock commands executed by this process, by mode (of an acquire) and outcome: done, replayed,"
+    " or the refusal's code",
+    ["command", "mode", "outcome"],
+)
 
 
 @value
@@ -85,17 +94,27 @@ class SharedLockService:
         abandoned: Callable[[], Awaitable[bool]] | None = None,
     ) -> SharedResult:
         """Run ``command`` to a decision that is committed, rejected (``DomainError``) or replayed; an
-        acquire with ``wait_ms`` refused for want of a place waits in the queue (``max_wait_ms`` at most)."""
-        if isinstance(command, AcquireShared) and command.wait_ms > 0 and self._max_wait_ms > 0:
-            return await self._waiters.acquire(
-                stream_id(command.resource),
-                command.owner,
-                lambda ticket: self._execute(command, ctx, ticket),
-                min(command.wait_ms, self._max_wait_ms) / 1000,
-                abandoned,
-                exclusive=command.mode == EXCLUSIVE,
-            )
-        return await self._execute(command, ctx)
+        acquire with ``wait_ms`` refused for want of a place waits in the queue (``max_wait_ms`` at most).
+        Each is counted once by its outcome (``lockledger_shared_lock_commands_total``)."""
+        name = _describe(command)[0]
+        mode = command.mode if isinstance(command, AcquireShared) else ""
+        try:
+            if isinstance(command, AcquireShared) and command.wait_ms > 0 and self._max_wait_ms > 0:
+                result = await self._waiters.acquire(
+                    stream_id(command.resource),
+                    command.owner,
+                    lambda ticket: self._execute(command, ctx, ticket),
+                    min(command.wait_ms, self._max_wait_ms) / 1000,
+                    abandoned,
+                    exclusive=command.mode == EXCLUSIVE,
+                )
+            else:
+                result = await self._execute(command, ctx)
+        except DomainError as error:
+            SHARED_COMMANDS_TOTAL.labels(name, mode, error.code).inc()
+            raise
+        SHARED_COMMANDS_TOTAL.labels(name, mode, "replayed" if result.replayed else "done").inc()
+        return result
 
     async def _execute(
         self, command: SharedCommand, ctx: CommandContext, ticket: int | None = None

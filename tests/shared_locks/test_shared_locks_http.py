@@ -42,6 +42,10 @@ async def _queued(http: httpx.AsyncClient, resource: str, count: int) -> list[di
         await asyncio.sleep(0.01)
 
 
+async def _holders(http: httpx.AsyncClient, resource: str) -> list[str]:
+    return [h["owner"] for h in (await http.get(f"/v1/shared-locks/{resource}")).json()["holders"]]
+
+
 async def test_readers_share_and_a_writer_holds_alone(http: httpx.AsyncClient, resource: str) -> None:
     r1 = await _acquire(http, resource, "agv-1", mode="shared", ttl_ms=20_000)
     r2 = await _acquire(http, resource, "agv-2", mode="shared", ttl_ms=20_000)
@@ -83,6 +87,11 @@ async def test_readers_share_and_a_writer_holds_alone(http: httpx.AsyncClient, r
     assert assert_problem(reader, 409, "lock_held")["conflicts"][0]["owner"] == "forklift-1"
     stolen = await _release(http, resource, "agv-1", writer.json()["fencing_token"])
     assert_problem(stolen, 409, "not_holder")  # another's grant, without authentication
+    metrics = (await http.get("/metrics")).text
+    assert (
+        'lockledger_shared_lock_commands_total{command="shared-acquire",mode="shared",outcome="lock_held"}'
+        in (metrics)
+    )
 
 
 async def test_a_semaphore_grants_up_to_its_limit_and_every_holder_agrees_on_it(
@@ -134,22 +143,22 @@ async def test_a_waiting_writer_is_served_before_readers_that_came_after_it(
     ]
     queue = await _queued(http, resource, 3)
     assert [w["mode"] for w in queue] == ["exclusive", "shared", "shared"]
-    await asyncio.sleep(0.05)
-    assert not writer.done()
-    assert not any(r.done() for r in readers)
+    assert await _holders(http, resource) == ["reader-1"]  # the waiting readers did not join it
 
     await _release(http, resource, "reader-1", first.json()["fencing_token"])
     granted = await writer
     assert granted.status_code == 201, granted.text
-    await asyncio.sleep(0.05)
-    assert not any(r.done() for r in readers)  # the writer holds alone
+    assert await _holders(http, resource) == ["writer"]  # alone, the readers still queued
+    assert [w["mode"] for w in (await http.get(f"/v1/shared-locks/{resource}")).json()["queue"]] == [
+        "shared",
+        "shared",
+    ]
 
     await _release(http, resource, "writer", granted.json()["fencing_token"])
     answers = await asyncio.gather(*readers)
     assert [a.status_code for a in answers] == [201, 201]
     # The waiting readers were granted together: both hold now.
-    holders = (await http.get(f"/v1/shared-locks/{resource}")).json()["holders"]
-    assert sorted(h["owner"] for h in holders) == ["reader-3", "reader-4"]
+    assert sorted(await _holders(http, resource)) == ["reader-3", "reader-4"]
     assert min(a.json()["fencing_token"] for a in answers) > granted.json()["fencing_token"]
 
 
