@@ -10,7 +10,8 @@ one shared lock, as ``lock_state`` does for a mutex (and the fair queue's ``ente
 A command is two round trips: ``load_shared`` (the head, the grants, the clock, the Idempotency-Key's
 stored outcome and the queue's first tickets) and ``commit_shared`` (one statement: lock the head at the
 expected version, read the clock, re-check that a renewed or released grant is still live and that no
-waiter has the prior claim on a grant, append, project, dequeue, remember the key).
+waiter has the prior claim on a grant, append, project, dequeue, remember the key). ``rebuild_shared_locks``
+recomputes both tables by folding the log with the pure decider.
 """
 
 from __future__ import annotations
@@ -24,7 +25,19 @@ from sqlalchemy import BigInteger, CheckConstraint, Column, Index, Integer, Prim
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from domain.queue import Ticket
-from domain.shared_lock import EXCLUSIVE, SHARED, Grant, Mode, SharedLockState, stream_id
+from domain.shared_lock import (
+    EXCLUSIVE,
+    SHARED,
+    SHARED_EVENT_TYPES,
+    STREAM_PREFIX,
+    Grant,
+    Mode,
+    SharedAcquired,
+    SharedLockState,
+    evolve,
+    shared_event_from_payload,
+    stream_id,
+)
 from eventstore.append import append_sql, event_rows
 from eventstore.connection import Connection
 from eventstore.payloads import deadline_sql, timestamp_text_sql
@@ -311,3 +324,57 @@ SELECT DISTINCT resource FROM (
 async def due_shared(conn: Connection, limit: int) -> list[str]:
     """Shared locks with a grant whose deadline has passed (at most ``limit`` grants' worth)."""
     return [row["resource"] for row in await conn.fetch(DUE_SQL, limit)]
+
+
+# --- rebuild -------------------------------------------------------------------------------------------
+
+_SHARED_EVENTS_SQL = f"""
+SELECT stream_id, event_type, data::text AS data, recorded_at FROM events
+ WHERE starts_with(stream_id, '{STREAM_PREFIX}') AND event_type = ANY($1::text[])
+ ORDER BY stream_id, stream_version
+"""
+
+
+async def rebuild_shared_locks(conn: Connection) -> int:
+    """Replace every shared_locks and shared_holders row by what the log implies (each stream folded by
+    ``domain.shared_lock.evolve``, a grant's ``granted_at`` its acquire's instant), under an EXCLUSIVE lock
+    on shared_locks, which every command takes a row of first; returns the number of locks. Run it in a
+    transaction, as the schema owner (it deletes rows)."""
+    await conn.execute("LOCK TABLE shared_locks IN EXCLUSIVE MODE")
+    await conn.execute("DELETE FROM shared_holders")
+    await conn.execute("DELETE FROM shared_locks")
+    heads: list[tuple[str, int, datetime]] = []
+    holders: list[tuple[Any, ...]] = []
+    state: SharedLockState | None = None
+    updated_at: datetime | None = None
+    granted_at: dict[int, datetime] = {}
+
+    def flush() -> None:
+        if state is None or updated_at is None:
+            return
+        heads.append((state.resource, state.version, updated_at))
+        holders.extend(
+            (state.resource, g.fencing_token, g.owner, g.mode, g.limit, g.ttl_ms, granted_at[g.fencing_token],
+             g.expires_at)
+            for g in state.grants
+        )  # fmt: skip
+
+    for row in await conn.fetch(_SHARED_EVENTS_SQL, sorted(SHARED_EVENT_TYPES)):
+        resource = row["stream_id"].removeprefix(STREAM_PREFIX)
+        if state is None or state.resource != resource:
+            flush()
+            state, granted_at = SharedLockState(resource), {}
+        event = shared_event_from_payload(resource, row["event_type"], json.loads(row["data"]))
+        if isinstance(event, SharedAcquired):
+            granted_at[event.fencing_token] = row["recorded_at"]
+        state, updated_at = evolve(state, event), row["recorded_at"]
+    flush()
+    await conn.executemany(
+        "INSERT INTO shared_locks (resource, version, updated_at) VALUES ($1, $2, $3)", heads
+    )
+    await conn.executemany(
+        "INSERT INTO shared_holders (resource, fencing_token, owner, mode, lock_limit, ttl_ms, granted_at,"
+        " expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        holders,
+    )
+    return len(heads)

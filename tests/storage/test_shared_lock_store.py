@@ -1,6 +1,7 @@
 """Shared locks on a real PostgreSQL: the projection rows written with the append, the version check, a
 renewal refused once its grant lapsed by the database clock, the queue's rule where the grant is
-serialized, the reaper's pass, and the migration's downgrade (docs/decisions/0051-shared-locks.md)."""
+serialized, the reaper's pass, a rebuild from the log and the migration's downgrade
+(docs/decisions/0051-shared-locks.md)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from domain.shared_lock import (
 )
 from eventstore.dburl import asyncpg_dsn
 from migrations.upgrade import alembic_config
+from projections.shared_locks import rebuild_shared_locks
 from service.composition import lock_service_on_pool, shared_lock_service_on_pool
 from service.lock_service import CommandContext
 from service.queue_store import PostgresQueue
@@ -169,3 +171,23 @@ async def test_the_migration_downgrades_and_upgrades_again(scratch_database_url:
         assert await conn.fetchval("SELECT count(*) FROM shared_holders") == 0
     finally:
         await conn.close()
+
+
+async def test_a_rebuild_folds_the_log_into_the_same_rows(
+    shared: SharedLockService, admin_pool: asyncpg.Pool, resource: str
+) -> None:
+    semaphore = f"{resource}-bay"
+    for owner in ("a", "b", "c"):
+        await shared.execute(AcquireShared(semaphore, owner, "shared", 60_000, 3), CTX)
+    await shared.execute(RenewShared(semaphore, "b", 2, 90_000), CTX)
+    await shared.execute(ReleaseShared(semaphore, "a", 1), CTX)
+    await shared.execute(AcquireShared(resource, "w", "exclusive", 60_000), CTX)
+    heads = "SELECT * FROM shared_locks ORDER BY resource"
+    grants = "SELECT * FROM shared_holders ORDER BY resource, fencing_token"
+    async with admin_pool.acquire() as conn, conn.transaction():
+        before = ([tuple(r) for r in await conn.fetch(heads)], [tuple(r) for r in await conn.fetch(grants)])
+        locks = await rebuild_shared_locks(conn)
+        after = ([tuple(r) for r in await conn.fetch(heads)], [tuple(r) for r in await conn.fetch(grants)])
+    assert locks == len(before[0]) >= 2
+    assert [row[:3] for row in after[1] if row[0] == semaphore] == [(semaphore, 2, "b"), (semaphore, 3, "c")]
+    assert after == before
