@@ -240,3 +240,81 @@ def test_readers_behind_a_waiting_writer_wait_behind_it() -> None:
     semaphore = AcquireShared(RESOURCE, "agv-9", "shared", 1_000, 2)
     with pytest.raises(SharedQueueAhead):
         check_queue(semaphore, early, None, 4, T0)  # a permit goes to the first waiter
+
+
+class SharedQueue(RuleBasedStateMachine):
+    """Waiters of both modes join a read/write lock's queue (tickets in arrival order, live for their
+    wait), leave it, and try with or without a ticket, while holders release and the clock moves on. Each
+    try is decided by the decider and ``check_queue`` on the queue's first live ticket and first live
+    exclusive one, as the store loads them. After every step: no reader was granted while a writer that
+    came before it waited, no grant jumped an earlier waiter of an exclusive acquire, and the exclusion
+    invariants hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = T0
+        self.state: SharedLockState = initial_state(RESOURCE)
+        self.tickets: dict[int, tuple[str, Mode, datetime]] = {}  # ticket -> owner, mode, deadline
+        self.next_ticket = 1
+        self.next_owner = 1
+
+    def _live(self) -> dict[int, tuple[str, Mode, datetime]]:
+        return {t: w for t, w in self.tickets.items() if w[2] > self.now}
+
+    def _first(self, exclusive_only: bool) -> Ticket | None:
+        live = [(t, w) for t, w in sorted(self._live().items()) if not exclusive_only or w[1] == "exclusive"]
+        return Ticket(live[0][0], live[0][1][0], live[0][1][2]) if live else None
+
+    @rule(mode=MODES, wait_ms=st.integers(min_value=1, max_value=3_000))
+    def join(self, mode: Mode, wait_ms: int) -> None:
+        owner = f"agv-{self.next_owner}"
+        self.next_owner += 1
+        self.tickets[self.next_ticket] = (owner, mode, self.now + timedelta(milliseconds=wait_ms))
+        self.next_ticket += 1
+
+    @rule(data=st.data())
+    def leave(self, data: st.DataObject) -> None:
+        if self.tickets:
+            del self.tickets[data.draw(st.sampled_from(sorted(self.tickets)))]
+
+    @rule(data=st.data(), mode=MODES, queued=st.booleans())
+    def attempt(self, data: st.DataObject, mode: Mode, queued: bool) -> None:
+        live = sorted(self._live())
+        ticket = data.draw(st.sampled_from(live)) if queued and live else None
+        owner = "walk-in" if ticket is None else self.tickets[ticket][0]
+        mode = mode if ticket is None else self.tickets[ticket][1]
+        command = AcquireShared(RESOURCE, owner, mode, 5_000)
+        try:
+            events = decide(self.state, command, self.now, BOUNDS)
+            check_queue(command, self._first(False), self._first(True), ticket, self.now)
+        except (SharedLockHeld, SharedQueueAhead):
+            return
+        ahead = [t for t in self._live() if ticket is None or t < ticket]
+        writers_ahead = [t for t in ahead if self.tickets[t][1] == "exclusive"]
+        assert not writers_ahead, (mode, ticket, self.tickets)  # no waiting writer is overtaken
+        if mode == "exclusive":
+            assert not ahead, (ticket, self.tickets)  # a writer waits its turn behind every waiter
+        self.state = fold(self.state, stamp(events, self.now))
+        if ticket is not None:
+            del self.tickets[ticket]
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        live = self.state.live(self.now)
+        if live:
+            grant = data.draw(st.sampled_from(live))
+            events = decide(self.state, ReleaseShared(RESOURCE, grant.owner, grant.fencing_token), self.now)
+            self.state = fold(self.state, stamp(events, self.now))
+
+    @rule(ms=st.integers(min_value=1, max_value=2_000))
+    def advance(self, ms: int) -> None:
+        self.now += timedelta(milliseconds=ms)
+
+    @invariant()
+    def exclusion_holds(self) -> None:
+        live = self.state.live(self.now)
+        assert not any(g.mode == "exclusive" for g in live) or len(live) == 1
+
+
+SharedQueue.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestSharedQueue = SharedQueue.TestCase
