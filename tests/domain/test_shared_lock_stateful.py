@@ -6,7 +6,8 @@ is a dict of grants by token with their deadlines, written without the decider: 
 live grant is exclusive (none at all for an exclusive one), the live grants' limit is the one asked and
 leaves a place; renew and release need the owner's own live grant. After every step: the decider agreed
 with the model, and the invariants hold: never two exclusive holders, never a reader with a writer,
-never more than the limit, tokens strictly increasing.
+never more than the limit, tokens strictly increasing. A second machine (``SharedQueue``) checks the queue's
+rule (``check_queue``): no waiting writer is overtaken by a reader that came after it.
 """
 
 from __future__ import annotations
