@@ -22,6 +22,7 @@ from api import (
     replay,
     reservations,
     sagas,
+    shared_locks,
     stats,
     tokens,
 )
@@ -35,6 +36,7 @@ from service.composition import (
     projector_runner_on_pool,
     reaper_on_pool,
     reservation_service_on_pool,
+    shared_lock_service_on_pool,
 )
 from service.config import Settings
 from service.database import create_pool
@@ -113,6 +115,15 @@ def create_app(
             max_wait_ms=settings.max_wait_ms,
             outage_watch=outage_watch,
         )
+        app.state.shared_lock_service = shared_lock_service_on_pool(
+            pool,
+            app.state.lock_service,
+            settings.ttl_bounds,
+            conflict_retries=settings.conflict_retries,
+            acquire_timeout_s=settings.pool_acquire_timeout_s,
+            max_wait_ms=settings.max_wait_ms,
+            outage_watch=outage_watch,
+        )
         app.state.authenticator = (
             None
             if settings.dev_mode
@@ -181,7 +192,9 @@ def create_app(
     # Extra routers first, where the commands are without them: a route the router matches later pays for
     # every route tried before it (commands reach the router only with OpenTelemetry on). Lock commands
     # and saga transitions are served alike (api/command_route.py).
-    command_routers = [*extra_command_routers, commands.router, reservations.router, sagas.commands]
+    command_routers = [
+        *extra_command_routers, commands.router, reservations.router, shared_locks.commands, sagas.commands,
+    ]  # fmt: skip
     if not telemetry:
         # Innermost of the app's middleware (added first), so the request limits still see every request.
         routes = [route for router in command_routers for route in router.routes]
@@ -190,6 +203,7 @@ def create_app(
     for router in command_routers:
         app.include_router(router)
     app.include_router(queries.router)
+    app.include_router(shared_locks.router)  # the reads; the commands are among the commands
     app.include_router(stats.router)
     app.include_router(replay.router)
     app.include_router(feed.router)

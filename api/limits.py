@@ -151,6 +151,8 @@ _TTL_REQUESTS = (
     ("CreateSagaRequest", "lease_ms"),
     ("ReserveRequest", "ttl_ms"),
     ("RenewReservationRequest", "ttl_ms"),
+    ("SharedAcquireRequest", "ttl_ms"),
+    ("SharedRenewRequest", "ttl_ms"),
 )
 
 

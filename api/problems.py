@@ -24,6 +24,7 @@ from api.paths import route_path
 from domain.errors import DomainError, InvalidCommand, LeaseExpired, LockHeld, NotHolder
 from domain.reservation import ReservationHeld
 from domain.resource import RESOURCE_RULE
+from domain.shared_lock import LimitMismatch, SharedLockHeld
 from domain.timestamps import format_timestamp
 from projections.archived import Archived
 from service.database_guard import UNREACHABLE
@@ -38,6 +39,7 @@ _TITLES = {
     "lock_held": "Lock held",
     "not_holder": "Not the holder",
     "lease_expired": "Lease expired",
+    "limit_mismatch": "Limit mismatch",
     "idempotency_key_reused": "Idempotency-Key reused",
     "validation_error": "Validation error",
     "unsupported_media_type": "Unsupported media type",
@@ -107,6 +109,14 @@ def install(app: FastAPI) -> None:
                  "fencing_token": held.fencing_token}
                 for held in error.conflicts
             ]  # fmt: skip
+        if isinstance(error, SharedLockHeld):
+            extra["conflicts"] = [
+                {"mode": grant.mode, "owner": grant.owner, "fencing_token": grant.fencing_token,
+                 "expires_at": grant.expires_at}
+                for grant in error.conflicts
+            ]  # fmt: skip
+        if isinstance(error, LimitMismatch):
+            extra["limit"] = error.limit
         if isinstance(error, LeaseExpired):
             extra.update(expired_at=error.expired_at)
         return problem(

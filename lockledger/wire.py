@@ -63,6 +63,24 @@ def lock_path(resource: str, action: str = "") -> str:
     return f"/v1/locks/{check_resource(resource)}{action}"
 
 
+def shared_path(resource: str, action: str = "") -> str:
+    """``/v1/shared-locks/{resource}{action}``, the resource checked first."""
+    return f"/v1/shared-locks/{check_resource(resource)}{action}"
+
+
+def shared_acquire_body(
+    mode: str, limit: int | None, owner: str | None, ttl: float | None, wait: float
+) -> dict[str, Any]:
+    """A shared lock's acquire: ``mode`` ``shared`` or ``exclusive``, and the semaphore's ``limit``."""
+    if mode not in ("shared", "exclusive"):
+        raise refused(f"mode must be 'shared' or 'exclusive', not {mode!r:.40}")
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000
+    ):
+        raise refused(f"limit must be a whole number from 1 to 10000, not {limit!r:.40}")
+    return {"mode": mode, **({} if limit is None else {"limit": limit}), **acquire_body(owner, ttl, wait)}
+
+
 def ms(name: str, seconds: float) -> int:
     """A duration in seconds as the server's whole milliseconds (its ``*_ms`` fields): the one place the
     SDK's unit meets the wire's."""

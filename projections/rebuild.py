@@ -1,5 +1,5 @@
-"""Rebuild what is derived from the log: the lock_state and saga_state projections, and the indexes
-replay reads.
+"""Rebuild what is derived from the log: the lock_state, saga_state and shared-lock projections, and the
+indexes replay reads.
 
 The rebuilt table must equal the inline one row for row (tests/storage/test_rebuild.py proves it after
 a random workload). Each row is what ``domain.decider.evolve`` makes of the stream's last event (its
@@ -16,6 +16,7 @@ from domain.events import DEADLINE_FIELD, LEASE_STARTS, LOCK_HANDED_OFF, LOCK_RE
 from eventstore.connection import Connection
 from eventstore.payloads import is_granting_sql, payload_field_sql
 from projections.saga_state import rebuild_saga_state
+from projections.shared_locks import rebuild_shared_locks
 
 _LAST_DATA = "last.data"
 # Saga streams (saga:<id>) share the events table; lock_state holds the lock streams alone.
@@ -65,9 +66,10 @@ async def rebuild_lock_state(conn: Connection) -> int:
         await conn.execute("LOCK TABLE lock_state IN EXCLUSIVE MODE")
         await conn.execute("DELETE FROM lock_state")
         status = await conn.execute(REBUILD_SQL)
-        # The other inline projection, saga_state, in the same transaction (`lockledger rebuild` calls
-        # this function alone).
+        # The other inline projections, saga_state and the shared locks', in the same transaction
+        # (`lockledger rebuild` calls this function alone).
         await rebuild_saga_state(conn)
+        await rebuild_shared_locks(conn)
     return int(status.split()[-1])
 
 

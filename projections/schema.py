@@ -17,6 +17,7 @@ from projections.agent_stats import agent_stats
 from projections.checkpoints import projector_checkpoints
 from projections.holding_periods import holding_periods
 from projections.saga_state import saga_state
+from projections.shared_locks import shared_holders, shared_locks
 
 lock_state = Table(
     "lock_state",
@@ -46,7 +47,8 @@ lock_state = Table(
 )
 
 
-# Registered on the MetaData by import: saga_state, and the asynchronous projectors' tables.
+# Registered on the MetaData by import: saga_state, the shared locks' tables and the asynchronous
+# projectors' tables.
 __all__ = [
     "agent_stats",
     "holding_periods",
@@ -54,6 +56,8 @@ __all__ = [
     "lock_state_from_row",
     "projector_checkpoints",
     "saga_state",
+    "shared_holders",
+    "shared_locks",
 ]
 
 

@@ -19,6 +19,7 @@ from service.database_guard import DatabaseGuard
 from service.lock_service import LockService
 from service.notifier import PostgresNotifier
 from service.outage import OutageWatch
+from service.ports import SharedLockStore
 from service.projectors import ProjectorRunner
 from service.queue_store import PostgresQueue, QueueListener
 from service.reaper import Reaper
@@ -27,6 +28,8 @@ from service.reservation_service import ReservationService
 from service.reservation_store import GuardedReservations, PostgresReservationStore
 from service.saga_service import SagaService
 from service.saga_store import PostgresSagaStore
+from service.shared_lock_service import SharedLockService
+from service.shared_lock_store import PostgresSharedLockStore, SharedAfterOutage
 from service.store import PostgresStore
 from service.store_adapters import Adapters, build_store
 from service.waiters import Waiters
@@ -84,6 +87,27 @@ def reservation_service_on_pool(
     )
 
 
+def shared_lock_service_on_pool(
+    pool: asyncpg.Pool,
+    locks: LockService,
+    bounds: TtlBounds,
+    *,
+    conflict_retries: int = 16,
+    acquire_timeout_s: float = 5.0,
+    max_wait_ms: int = 30_000,
+    outage_watch: OutageWatch | None = None,
+) -> SharedLockService:
+    """The shared-lock use case beside ``locks``: it waits in the same queues (keyed by its stream ids)
+    with the lock service's waiters, runs through its database guard, and after an outage extends
+    first when given the process's ``outage_watch``."""
+    store: SharedLockStore = PostgresSharedLockStore(pool, acquire_timeout_s)
+    if outage_watch is not None:
+        store = SharedAfterOutage(store, outage_watch)
+    return SharedLockService(
+        store, bounds, locks.waiters, locks.guard, conflict_retries=conflict_retries, max_wait_ms=max_wait_ms
+    )
+
+
 def saga_service_on_pool(
     pool: asyncpg.Pool, guard: DatabaseGuard, *, acquire_timeout_s: float = 5.0, conflict_retries: int = 16
 ) -> SagaService:
@@ -105,7 +129,15 @@ def reaper_on_pool(
         pool, DatabaseGuard(), acquire_timeout_s=timeout_s, conflict_retries=settings.conflict_retries
     )
     store = PostgresReaperStore(pool, timeout_s)
-    return Reaper(store, sagas, settings, reaper_id=reaper_id, outage_watch=outage_watch)
+    # Its shared-lock expiries wake the queues through the database; the reaper itself never waits.
+    waiters = Waiters(
+        PostgresNotifier(pool, timeout_s), poll_s=1.0, queue=PostgresQueue(pool, timeout_s, server_name())
+    )
+    shared = SharedLockService(
+        PostgresSharedLockStore(pool, timeout_s), settings.ttl_bounds, waiters, DatabaseGuard(),
+        conflict_retries=settings.conflict_retries,
+    )  # fmt: skip
+    return Reaper(store, sagas, settings, reaper_id=reaper_id, outage_watch=outage_watch, shared=shared)
 
 
 def projector_runner_on_pool(pool: asyncpg.Pool, settings: Settings) -> ProjectorRunner:

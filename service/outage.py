@@ -9,8 +9,9 @@ still held whose deadline was after the last beacon by the gap, appending a ``LO
 with ``metadata.command = "extend"`` and the outage's bounds: it is in the log, in history and replay, and
 the holder keeps its fencing token. A saga's own lease live when the gap began starts again at the end of
 it (``SAGA_LEASE_EXTENDED``), so the reaper's saga pass does not take a saga from an orchestrator that
-could not heartbeat. It runs under the beacon's row lock and each lease's row lock, so two instances never
-extend twice and a command that committed first is seen.
+could not heartbeat. A shared lock's live grants are extended as leases are (``SHARED_RENEWED``). It
+runs under the beacon's row lock and each lease's row lock, so two instances never extend twice and a
+command that committed first is seen.
 
 An instance that met an unreachable database, or has just started, is *suspect*: before its next command
 or reaper pass reaches the database it writes the beacon itself (``resume_if_needed``), so no lease that
@@ -32,6 +33,8 @@ from prometheus_client import Counter
 
 from domain.events import LOCK_RENEWED
 from domain.saga import SAGA_LEASE_EXTENDED, STREAM_PREFIX
+from domain.shared_lock import SHARED_RENEWED
+from domain.shared_lock import STREAM_PREFIX as SHARED_PREFIX
 from domain.timestamps import format_timestamp
 from eventstore.connection import Connection
 from eventstore.event_ids import event_id_sql
@@ -140,6 +143,58 @@ SELECT count(*) FROM projected
 """
 
 
+# Every shared-lock grant live at the last beat ($1) gets the outage added to its deadline, as a mutex lease
+# does: one SHARED_RENEWED per grant (a lock's grants at consecutive versions, in token order), the grants'
+# rows and the lock's head, in one statement under each head's row lock. Its clock ($3) is the leases'
+# extension's, so every lease and grant is extended by the same gap.
+EXTEND_SHARED_SQL = f"""
+WITH now AS (SELECT $3::timestamptz AS ts),
+heads AS (
+    SELECT h.resource, h.version FROM shared_locks AS h
+     WHERE EXISTS (SELECT 1 FROM shared_holders AS g
+                    WHERE g.resource = h.resource AND g.expires_at > $1::timestamptz)
+     ORDER BY h.resource
+       FOR UPDATE
+),
+stamped AS (
+    SELECT g.resource, g.fencing_token, g.owner, g.ttl_ms, heads.version, now.ts,
+           g.expires_at + (now.ts - $1::timestamptz) AS new_expires_at,
+           row_number() OVER (PARTITION BY g.resource ORDER BY g.fencing_token) AS n,
+           count(*) OVER (PARTITION BY g.resource) AS grants
+      FROM shared_holders AS g JOIN heads USING (resource) CROSS JOIN now
+     WHERE g.expires_at > $1::timestamptz
+),
+appended AS (
+    INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata, recorded_at)
+    SELECT '{SHARED_PREFIX}' || resource, version + n, {event_id_sql("ts")}, '{SHARED_RENEWED}',
+           jsonb_build_object('owner', owner, 'fencing_token', fencing_token,
+                              'expires_at', {timestamp_text_sql("new_expires_at")}, 'ttl_ms', ttl_ms),
+           jsonb_build_object(
+               'command', 'extend', 'actor', 'lockledger', 'reason', 'outage', 'instance', $2::text,
+               {_OUTAGE_BOUNDS},
+               'outage_ms', round(extract(epoch FROM ts - $1::timestamptz) * 1000)::bigint
+           ),
+           ts
+      FROM stamped
+     ORDER BY resource, n
+ RETURNING stream_id
+),
+renewed AS (
+    UPDATE shared_holders AS g SET expires_at = st.new_expires_at
+      FROM stamped AS st
+     WHERE g.resource = st.resource AND g.fencing_token = st.fencing_token
+ RETURNING 1
+),
+moved AS (
+    UPDATE shared_locks AS h SET version = h.version + st.grants, updated_at = st.ts
+      FROM (SELECT DISTINCT resource, grants, ts FROM stamped) AS st
+     WHERE h.resource = st.resource
+ RETURNING 1
+)
+SELECT count(*) FROM renewed
+"""
+
+
 def _retrieve(task: asyncio.Future[None]) -> None:
     """A beat's failure is its waiters' to see; none may be left waiting, so it is read here too."""
     if not task.cancelled():
@@ -159,6 +214,7 @@ class Outage:
     ended: datetime
     leases_extended: int
     saga_leases_extended: int = 0
+    shared_grants_extended: int = 0
 
 
 async def beat(conn: Connection, instance: str, outage_after_ms: int) -> Outage | None:
@@ -174,7 +230,10 @@ async def beat(conn: Connection, instance: str, outage_after_ms: int) -> Outage 
             extended = await conn.fetchrow(EXTEND_SQL, row["beat_at"], instance)
             assert extended is not None  # an aggregate always answers one row
             sagas = await conn.fetchval(EXTEND_SAGAS_SQL, row["beat_at"], instance)
-            outage = Outage(row["beat_at"], extended["ts"], int(extended["extended"]), int(sagas))
+            shared = await conn.fetchval(EXTEND_SHARED_SQL, row["beat_at"], instance, extended["ts"])
+            outage = Outage(
+                row["beat_at"], extended["ts"], int(extended["extended"]), int(sagas), int(shared)
+            )
         await conn.execute(BEAT_SQL, instance)
     return outage
 
@@ -265,6 +324,7 @@ class OutageWatch:
                 outage_ms=round((outage.ended - outage.began).total_seconds() * 1000),
                 leases=outage.leases_extended,
                 saga_leases=outage.saga_leases_extended,
+                shared_grants=outage.shared_grants_extended,
             )
         return outage
 

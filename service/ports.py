@@ -32,6 +32,7 @@ from domain.saga import SagaEvent, SagaState
 from domain.state import LockState, Status
 from domain.value import value
 from projections.saga_state import SagaRow  # the read model's row: the query side reads it too
+from projections.shared_locks import SharedCommitted, SharedPlan, SharedSnapshot
 
 # --- shared by the stores ---------------------------------------------------------------------------
 
@@ -182,6 +183,27 @@ class SagaStore(Protocol):
         ...
 
 
+# --- the shared locks' store ------------------------------------------------------------------------
+
+
+class SharedLockStore(Protocol):
+    """Shared locks and semaphores (``projections/shared_locks.py`` in PostgreSQL)."""
+
+    async def load(self, resource: str, principal: str, key: str | None) -> SharedSnapshot:
+        """The shared lock's state, the store's clock, the key's stored outcome, the queue's first tickets."""
+        ...
+
+    async def commit(self, plan: SharedPlan) -> SharedCommitted | None:
+        """Append and project ``plan``, a grant's deadline stamped from the store's clock; None when the head
+        moved, a renewed or released grant lapsed or a waiter has the prior claim (nothing written). Raises
+        ``CommitConflict`` (the key taken concurrently), having written nothing."""
+        ...
+
+    async def due(self, limit: int) -> list[str]:
+        """Shared locks with a grant past its deadline by the store's clock (the reaper's pass)."""
+        ...
+
+
 # --- the reaper's store -----------------------------------------------------------------------------
 
 
@@ -251,9 +273,11 @@ class Notifier(Protocol):
 class Queue(Protocol):
     """The queue of waiting acquires, kept where the grants are serialized (docs/decisions/0049)."""
 
-    async def enter(self, resource: str, owner: str, wait_ms: int) -> int | None:
-        """A ticket at the end of ``resource``'s queue, live for ``wait_ms`` by the store's clock; None
-        when there is nothing to wait for. Raises ``NotifierUnavailable``."""
+    async def enter(self, resource: str, owner: str, wait_ms: int, exclusive: bool = True) -> int | None:
+        """A ticket at the end of ``resource``'s queue (a mutex's resource, or a shared lock's stream id),
+        live for ``wait_ms`` by the store's clock; None when there is nothing to wait for. ``exclusive``:
+        the ticket waits for an exclusive grant (a shared lock's reader's does not). Raises
+        ``NotifierUnavailable``."""
         ...
 
     async def leave(self, ticket: int) -> None:

@@ -22,6 +22,7 @@ from datetime import datetime
 import asyncpg
 import structlog
 
+from domain.shared_lock import STREAM_PREFIX as SHARED_PREFIX
 from domain.value import value
 from eventstore.connection import Connection
 from service.database import connection
@@ -39,6 +40,16 @@ SELECT resource, $2, $3, clock_timestamp(), clock_timestamp() + $4::integer * in
 RETURNING ticket
 """
 
+# A shared lock's queue is keyed by its stream id (``shared/<resource>``) and ordered by its own head row
+# (``shared_locks``, projections/shared_locks.py), which its commit locks as a mutex's locks lock_state.
+ENTER_SHARED_SQL = """
+WITH head AS (SELECT resource FROM shared_locks WHERE resource = $5 FOR UPDATE)
+INSERT INTO lock_queue (resource, owner, server, since, deadline, exclusive)
+SELECT $1, $2, $3, clock_timestamp(), clock_timestamp() + $4::integer * interval '1 millisecond', $6
+  FROM head
+RETURNING ticket
+"""
+
 LEAVE_SQL = f"""
 WITH gone AS (DELETE FROM lock_queue WHERE ticket = $1 RETURNING resource)
 SELECT pg_notify('{CHANNEL}', gone.resource) FROM gone
@@ -49,7 +60,7 @@ SELECT pg_notify('{CHANNEL}', gone.resource) FROM gone
 ANNOUNCE_SQL = f"SELECT pg_notify('{CHANNEL}', $1)"
 
 QUEUE_SQL = """
-SELECT owner, since, deadline FROM lock_queue
+SELECT owner, since, deadline, exclusive FROM lock_queue
  WHERE resource = $1 AND deadline > clock_timestamp()
  ORDER BY ticket
 """
@@ -64,12 +75,14 @@ class Waiting:
     owner: str
     since: datetime
     deadline: datetime
+    exclusive: bool = True  # waits for an exclusive grant (a shared lock's reader does not)
 
 
 async def queue_of(conn: Connection, resource: str) -> list[Waiting]:
-    """The acquires waiting for ``resource``, first in line first (expired tickets left out)."""
+    """The acquires waiting for ``resource`` (a shared lock's stream id for its queue), first in line first
+    (expired tickets left out)."""
     rows = await conn.fetch(QUEUE_SQL, resource)
-    return [Waiting(row["owner"], row["since"], row["deadline"]) for row in rows]
+    return [Waiting(row["owner"], row["since"], row["deadline"], row["exclusive"]) for row in rows]
 
 
 class PostgresQueue:
@@ -78,12 +91,20 @@ class PostgresQueue:
         self._acquire_timeout_s = acquire_timeout_s
         self._server = server
 
-    async def enter(self, resource: str, owner: str, wait_ms: int) -> int | None:
+    async def enter(self, resource: str, owner: str, wait_ms: int, exclusive: bool = True) -> int | None:
         """A ticket for ``owner`` at the end of ``resource``'s queue, live for ``wait_ms``; None when the
-        lock has no head row (never taken: nothing to wait for). Raises ``NotifierUnavailable``."""
+        lock has no head row (never taken: nothing to wait for). ``resource`` is a mutex's resource or a
+        shared lock's stream id; ``exclusive`` marks a ticket waiting for an exclusive grant (a reader's
+        is not). Raises ``NotifierUnavailable``."""
         try:
             async with connection(self._pool, self._acquire_timeout_s) as conn:
-                ticket = await conn.fetchval(ENTER_SQL, resource, owner, self._server, wait_ms)
+                if resource.startswith(SHARED_PREFIX):
+                    ticket = await conn.fetchval(
+                        ENTER_SHARED_SQL, resource, owner, self._server, wait_ms,
+                        resource.removeprefix(SHARED_PREFIX), exclusive,
+                    )  # fmt: skip
+                else:
+                    ticket = await conn.fetchval(ENTER_SQL, resource, owner, self._server, wait_ms)
         except _FAILURES as error:
             raise NotifierUnavailable(str(error)) from error
         return None if ticket is None else int(ticket)

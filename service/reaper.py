@@ -4,7 +4,8 @@ its first pass, then every few minutes; docs/operations.md).
 
 A pass asks the ``ReaperStore`` port (``service/ports.py``; in PostgreSQL ``service/reaper_store.py``)
 to expire what is due, safely with several reapers at once and never racing a renew that committed
-first, then lapses the due sagas through the saga use case (``service/saga_lapse.py``).
+first, then lapses the due sagas through the saga use case (``service/saga_lapse.py``) and expires the
+lapsed grants of shared locks through theirs (``SHARED_EXPIRED``, waking their queues).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from service.outage import OutageWatch, instance_id
 from service.ports import ReaperStore
 from service.saga_lapse import lapse_sagas
 from service.saga_service import SagaService
+from service.shared_lock_service import SharedLockService, expire_shared
 from service.stopping import pause_unless_stopped
 
 log = structlog.get_logger("lockledger.reaper")
@@ -47,9 +49,11 @@ class Reaper:
         settings: Settings,
         reaper_id: str | None = None,
         outage_watch: OutageWatch | None = None,
+        shared: SharedLockService | None = None,
     ) -> None:
         self._store = store
         self._sagas = sagas
+        self._shared = shared
         self._settings = settings
         self.reaper_id = reaper_id or instance_id()
         # Nothing lapsed during an outage is expired before the outage's extension ran.
@@ -109,9 +113,14 @@ class Reaper:
             self._next_purge = 0.0 if purged >= settings.idempotency_purge_batch else time.monotonic() + 10
         lapsed = await lapse_sagas(self._sagas, due, self.reaper_id)
         self.lapsed_count += lapsed
+        shared = 0
+        if self._shared is not None:
+            shared = await expire_shared(self._shared, settings.reaper_batch_size)
+            EXPIRED_TOTAL.inc(shared)
+            self.expired_count += shared
         if time.monotonic() >= self._next_partitions:
             await self._create_partitions()
-        return max(len(expiries), len(due))
+        return max(len(expiries), len(due), shared)
 
     async def _create_partitions(self) -> None:
         """The log's partitions ahead. A refusal (a lock wait past the statement timeout, a database not

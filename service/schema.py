@@ -10,13 +10,15 @@ outage_beacon: one row, written every second by each running instance; a gap in 
 which live leases are extended (service/outage.py).
 
 lock_queue: the tickets of waiting acquires, in arrival order (``ticket``); a ticket stops counting at its
-``deadline`` (service/queue_store.py, docs/decisions/0049-fair-queues.md).
+``deadline`` (service/queue_store.py, docs/decisions/0049-fair-queues.md). A shared lock's waiters queue
+here too, under its stream id (``shared/<resource>``), each ticket marked ``exclusive`` or not.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Identity,
@@ -82,6 +84,8 @@ lock_queue = Table(
     Column("server", Text, nullable=False),
     Column("since", TIMESTAMP(timezone=True), nullable=False),
     Column("deadline", TIMESTAMP(timezone=True), nullable=False),
+    # Whether the ticket waits for an exclusive grant (every mutex ticket does; migration 0016).
+    Column("exclusive", Boolean, nullable=False, server_default=text("true")),
     Index("lock_queue_resource_ticket_idx", "resource", "ticket"),
     Index("lock_queue_deadline_idx", "deadline"),
 )

@@ -31,6 +31,7 @@ import structlog
 from prometheus_client import Gauge, Histogram
 
 from domain.errors import LockHeld
+from domain.shared_lock import STREAM_PREFIX as SHARED_PREFIX
 from service.errors import Unavailable
 from service.ports import Listener, Notifier, NotifierUnavailable, Queue
 
@@ -63,11 +64,13 @@ class Line:
     """The waiters on one lock in this process. In-process turns: the one holding ``turn`` is the next to
     try. Queued waiters: ``tickets``, each with its own event, and a wake reaches only the first of them.
     Watchers (waiting reservations, ``Waiters.watch``) take no turn: each has its own event, set on every
-    wake."""
+    wake. On a shared lock's line (``together``) a wake reaches every ticket: waiting readers may be
+    granted together, and the store's queue rule keeps each behind the writers that came first."""
 
-    __slots__ = ("freed", "tickets", "turn", "waiters", "watchers")
+    __slots__ = ("freed", "tickets", "together", "turn", "waiters", "watchers")
 
-    def __init__(self) -> None:
+    def __init__(self, together: bool = False) -> None:
+        self.together = together
         self.turn = asyncio.Lock()
         self.freed = asyncio.Event()
         self.waiters = 0
@@ -76,7 +79,10 @@ class Line:
 
     def wake(self) -> None:
         self.freed.set()
-        if self.tickets:
+        if self.together:
+            for event in self.tickets.values():
+                event.set()
+        elif self.tickets:
             self.tickets[min(self.tickets)].set()
         for watcher in self.watchers:
             watcher.set()
@@ -143,6 +149,7 @@ class Waiters:
         attempt: Callable[[int | None], Awaitable[T]],
         wait_s: float,
         abandoned: Callable[[], Awaitable[bool]] | None = None,
+        exclusive: bool = True,
     ) -> T:
         """``attempt(ticket)``, and again each time ``resource`` may have come free, until it is not refused
         with ``LockHeld`` or ``wait_s`` has passed. The answer at the deadline is a last attempt, not the
@@ -150,7 +157,8 @@ class Waiters:
         meanwhile is reported as such (503), not as a holder it can no longer vouch for. ``abandoned``
         says whether the caller has gone (its connection closed): it is asked before each new attempt,
         so a lock is never taken for a client that stopped waiting. ``ticket`` is the caller's place in
-        the lock's queue (None before it has one, and always without a ``Queue``)."""
+        the lock's queue (None before it has one, and always without a ``Queue``). ``resource`` may be a
+        shared lock's stream id; ``exclusive`` says whether its ticket waits for an exclusive grant."""
         if self._queue is None or self._listener is None:
             return await self._acquire_in_process(resource, lambda: attempt(None), wait_s, abandoned)
         try:
@@ -163,7 +171,9 @@ class Waiters:
         async with self.line(resource, queued=True) as line:
             try:
                 await self._listener.listening()  # before the ticket: no wake after it may be missed
-                ticket = await self._queue.enter(resource, owner, int(wait_s * 1000) + TICKET_GRACE_MS)
+                ticket = await self._queue.enter(
+                    resource, owner, int(wait_s * 1000) + TICKET_GRACE_MS, exclusive
+                )
             except NotifierUnavailable as error:
                 raise Unavailable(f"cannot queue for {resource}: {error}", retry_after_s=1) from error
             if ticket is None:  # nothing to queue behind: decide again at once
@@ -297,7 +307,7 @@ class Waiters:
         or (``queued``) hold a ticket in ``line.tickets``, woken by the listener and never polled for."""
         line = self._lines.get(resource)
         if line is None:
-            line = self._lines[resource] = Line()
+            line = self._lines[resource] = Line(together=resource.startswith(SHARED_PREFIX))
         line.waiters += 1
         _WAITING.inc()
         if not queued:

@@ -154,6 +154,40 @@ class AsyncClient(wire.ClientCore):
         body = wire.release_body(owner, fencing_token)
         return Released.from_json(await self._data("POST", path, json=body))
 
+    async def acquire_shared(
+        self,
+        resource: str,
+        mode: str = "exclusive",
+        limit: int | None = None,
+        owner: str | None = None,
+        ttl: float | None = None,
+        wait: float = 0.0,
+    ) -> LeaseInfo:
+        """A grant of the shared lock ``resource`` (``/v1/shared-locks``, a lock of its own beside the mutex
+        of that name): ``mode`` ``shared`` (a reader, or a permit under ``limit``) or ``exclusive`` (a
+        writer); the server waits up to ``wait`` seconds for a place before raising ``LockHeld``."""
+        path = wire.shared_path(resource, "/acquire")
+        body = wire.shared_acquire_body(mode, limit, owner, ttl, wait)
+        return LeaseInfo.from_json(await self._data("POST", path, json=body, wait=wait))
+
+    async def renew_shared(
+        self, resource: str, owner: str | None, fencing_token: int, ttl: float | None = None
+    ) -> LeaseInfo:
+        """Extend the shared lock's grant ``fencing_token`` to ``ttl`` seconds from now."""
+        path = wire.shared_path(resource, "/renew")
+        body = wire.renew_body(owner, fencing_token, ttl)
+        return LeaseInfo.from_json(await self._data("POST", path, json=body))
+
+    async def release_shared(self, resource: str, owner: str | None, fencing_token: int) -> Released:
+        path = wire.shared_path(resource, "/release")
+        body = wire.release_body(owner, fencing_token)
+        return Released.from_json(await self._data("POST", path, json=body))
+
+    async def get_shared_lock(self, resource: str) -> dict[str, Any]:
+        """The shared lock's live grants (``holders``), ``limit`` and ``queue``, as the API shows them."""
+        result: dict[str, Any] = await self._data("GET", wire.shared_path(resource))
+        return result
+
     async def reserve_set(
         self,
         resources: list[str],
@@ -464,6 +498,58 @@ class AsyncClient(wire.ClientCore):
         resource = wire.check_resource(resource)
         return AsyncLease(self, resource, owner or self.agent_id, ttl, wait, on_lost, safety_margin)
 
+    def read_lock(
+        self,
+        resource: str,
+        *,
+        owner: str | None = None,
+        ttl: float = 30.0,
+        wait: float = 0.0,
+        on_lost: Callable[[LockLost], None] | None = None,
+        safety_margin: float = 0.1,
+    ) -> AsyncLease:
+        """A managed shared grant of a read/write lock: ``async with client.read_lock("zone:A3") as lease:``.
+        Readers hold together; a waiting writer goes first. Renewed and released as ``lock``'s lease is."""
+        commands = SharedCommands(self, "shared", None)
+        return AsyncLease(
+            commands, wire.check_resource(resource), owner or self.agent_id, ttl, wait, on_lost, safety_margin
+        )
+
+    def write_lock(
+        self,
+        resource: str,
+        *,
+        owner: str | None = None,
+        ttl: float = 30.0,
+        wait: float = 0.0,
+        on_lost: Callable[[LockLost], None] | None = None,
+        safety_margin: float = 0.1,
+    ) -> AsyncLease:
+        """A managed exclusive grant of a read/write lock (no reader holds with it):
+        ``async with client.write_lock("zone:A3") as lease:``."""
+        commands = SharedCommands(self, "exclusive", None)
+        return AsyncLease(
+            commands, wire.check_resource(resource), owner or self.agent_id, ttl, wait, on_lost, safety_margin
+        )
+
+    def semaphore(
+        self,
+        resource: str,
+        limit: int,
+        *,
+        owner: str | None = None,
+        ttl: float = 30.0,
+        wait: float = 0.0,
+        on_lost: Callable[[LockLost], None] | None = None,
+        safety_margin: float = 0.1,
+    ) -> AsyncLease:
+        """A managed permit of a semaphore of ``limit`` permits: ``async with client.semaphore("bay:charging",
+        limit=4) as permit:``. Every holder names the same limit (409 ``limit_mismatch`` otherwise)."""
+        commands = SharedCommands(self, "shared", limit)
+        return AsyncLease(
+            commands, wire.check_resource(resource), owner or self.agent_id, ttl, wait, on_lost, safety_margin
+        )
+
     def reserve(
         self,
         resources: list[str],
@@ -525,3 +611,28 @@ class AsyncClient(wire.ClientCore):
         """Finish this agent's unfinished sagas from the server's log alone (forward or compensated, as
         each definition's ``policy`` says; definitions by name, default the registry)."""
         return await AsyncSaga.recover_all(self, definitions, owner)
+
+
+class SharedCommands:
+    """What a shared lock's managed lease sends its commands through (``AsyncLease``'s commands): a
+    client's shared-lock calls with the grant's ``mode`` and ``limit`` fixed, so the mutex's lease, its
+    heartbeat, watchdog and loss rules serve read locks, write locks and semaphores unchanged."""
+
+    def __init__(self, client: AsyncClient, mode: str, limit: int | None) -> None:
+        self._client = client
+        self.mode = mode
+        self.limit = limit
+        self.retry_timeout = client.retry_timeout  # how long the blocking lease's release may retry
+
+    async def acquire(
+        self, resource: str, owner: str | None = None, ttl: float | None = None, wait: float = 0.0
+    ) -> LeaseInfo:
+        return await self._client.acquire_shared(resource, self.mode, self.limit, owner, ttl, wait)
+
+    async def renew(
+        self, resource: str, owner: str | None, fencing_token: int, ttl: float | None = None
+    ) -> LeaseInfo:
+        return await self._client.renew_shared(resource, owner, fencing_token, ttl)
+
+    async def release(self, resource: str, owner: str | None, fencing_token: int) -> Released:
+        return await self._client.release_shared(resource, owner, fencing_token)

@@ -155,6 +155,40 @@ class Client(wire.ClientCore):
         body = wire.release_body(owner, fencing_token)
         return Released.from_json(self._data("POST", path, json=body))
 
+    def acquire_shared(
+        self,
+        resource: str,
+        mode: str = "exclusive",
+        limit: int | None = None,
+        owner: str | None = None,
+        ttl: float | None = None,
+        wait: float = 0.0,
+    ) -> LeaseInfo:
+        """A grant of the shared lock ``resource`` (``/v1/shared-locks``, a lock of its own beside the mutex
+        of that name): ``mode`` ``shared`` (a reader, or a permit under ``limit``) or ``exclusive`` (a
+        writer); the server waits up to ``wait`` seconds for a place before raising ``LockHeld``."""
+        path = wire.shared_path(resource, "/acquire")
+        body = wire.shared_acquire_body(mode, limit, owner, ttl, wait)
+        return LeaseInfo.from_json(self._data("POST", path, json=body, wait=wait))
+
+    def renew_shared(
+        self, resource: str, owner: str | None, fencing_token: int, ttl: float | None = None
+    ) -> LeaseInfo:
+        """Extend the shared lock's grant ``fencing_token`` to ``ttl`` seconds from now."""
+        path = wire.shared_path(resource, "/renew")
+        body = wire.renew_body(owner, fencing_token, ttl)
+        return LeaseInfo.from_json(self._data("POST", path, json=body))
+
+    def release_shared(self, resource: str, owner: str | None, fencing_token: int) -> Released:
+        path = wire.shared_path(resource, "/release")
+        body = wire.release_body(owner, fencing_token)
+        return Released.from_json(self._data("POST", path, json=body))
+
+    def get_shared_lock(self, resource: str) -> dict[str, Any]:
+        """The shared lock's live grants (``holders``), ``limit`` and ``queue``, as the API shows them."""
+        result: dict[str, Any] = self._data("GET", wire.shared_path(resource))
+        return result
+
     def reserve_set(
         self,
         resources: list[str],
@@ -463,6 +497,58 @@ class Client(wire.ClientCore):
         resource = wire.check_resource(resource)
         return Lease(self, resource, owner or self.agent_id, ttl, wait, on_lost, safety_margin)
 
+    def read_lock(
+        self,
+        resource: str,
+        *,
+        owner: str | None = None,
+        ttl: float = 30.0,
+        wait: float = 0.0,
+        on_lost: Callable[[LockLost], None] | None = None,
+        safety_margin: float = 0.1,
+    ) -> Lease:
+        """A managed shared grant of a read/write lock: ``with client.read_lock("zone:A3") as lease:``.
+        Readers hold together; a waiting writer goes first. Renewed and released as ``lock``'s lease is."""
+        commands = SharedCommands(self, "shared", None)
+        return Lease(
+            commands, wire.check_resource(resource), owner or self.agent_id, ttl, wait, on_lost, safety_margin
+        )
+
+    def write_lock(
+        self,
+        resource: str,
+        *,
+        owner: str | None = None,
+        ttl: float = 30.0,
+        wait: float = 0.0,
+        on_lost: Callable[[LockLost], None] | None = None,
+        safety_margin: float = 0.1,
+    ) -> Lease:
+        """A managed exclusive grant of a read/write lock (no reader holds with it):
+        ``with client.write_lock("zone:A3") as lease:``."""
+        commands = SharedCommands(self, "exclusive", None)
+        return Lease(
+            commands, wire.check_resource(resource), owner or self.agent_id, ttl, wait, on_lost, safety_margin
+        )
+
+    def semaphore(
+        self,
+        resource: str,
+        limit: int,
+        *,
+        owner: str | None = None,
+        ttl: float = 30.0,
+        wait: float = 0.0,
+        on_lost: Callable[[LockLost], None] | None = None,
+        safety_margin: float = 0.1,
+    ) -> Lease:
+        """A managed permit of a semaphore of ``limit`` permits: ``with client.semaphore("bay:charging",
+        limit=4) as permit:``. Every holder names the same limit (409 ``limit_mismatch`` otherwise)."""
+        commands = SharedCommands(self, "shared", limit)
+        return Lease(
+            commands, wire.check_resource(resource), owner or self.agent_id, ttl, wait, on_lost, safety_margin
+        )
+
     def reserve(
         self,
         resources: list[str],
@@ -524,3 +610,28 @@ class Client(wire.ClientCore):
         """Finish this agent's unfinished sagas from the server's log alone (forward or compensated, as
         each definition's ``policy`` says; definitions by name, default the registry)."""
         return Saga.recover_all(self, definitions, owner)
+
+
+class SharedCommands:
+    """What a shared lock's managed lease sends its commands through (``Lease``'s commands): a
+    client's shared-lock calls with the grant's ``mode`` and ``limit`` fixed, so the mutex's lease, its
+    heartbeat, watchdog and loss rules serve read locks, write locks and semaphores unchanged."""
+
+    def __init__(self, client: Client, mode: str, limit: int | None) -> None:
+        self._client = client
+        self.mode = mode
+        self.limit = limit
+        self.retry_timeout = client.retry_timeout  # how long the blocking lease's release may retry
+
+    def acquire(
+        self, resource: str, owner: str | None = None, ttl: float | None = None, wait: float = 0.0
+    ) -> LeaseInfo:
+        return self._client.acquire_shared(resource, self.mode, self.limit, owner, ttl, wait)
+
+    def renew(
+        self, resource: str, owner: str | None, fencing_token: int, ttl: float | None = None
+    ) -> LeaseInfo:
+        return self._client.renew_shared(resource, owner, fencing_token, ttl)
+
+    def release(self, resource: str, owner: str | None, fencing_token: int) -> Released:
+        return self._client.release_shared(resource, owner, fencing_token)

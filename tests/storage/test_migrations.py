@@ -49,6 +49,8 @@ EXPECTED_TABLES = {
     "holding_periods",
     "agent_stats",
     "lock_queue",
+    "shared_locks",
+    "shared_holders",
 }
 SCRATCH = "lockledger_schema_check"
 

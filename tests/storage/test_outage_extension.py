@@ -18,9 +18,10 @@ import pytest
 from domain.commands import Acquire, Release
 from domain.errors import DomainError
 from domain.saga import StartSaga, StartStep, StepDef
+from domain.shared_lock import AcquireShared, RenewShared
 from eventstore.dburl import asyncpg_dsn
 from eventstore.verify import verify_chains
-from service.composition import lock_service_on_pool, saga_service_on_pool
+from service.composition import lock_service_on_pool, saga_service_on_pool, shared_lock_service_on_pool
 from service.config import Settings
 from service.database import create_pool
 from service.database_guard import DatabaseGuard
@@ -205,3 +206,40 @@ async def test_a_gap_gives_each_saga_live_when_it_began_a_new_lease_and_none_lap
     assert [due.saga_id for due in await due_sagas(admin, 100)] == ["lapsed-before"]
     report = await verify_chains(admin)
     assert report.ok, report.broken
+
+
+async def test_a_gap_extends_each_shared_grant_live_when_it_began(
+    pool: asyncpg.Pool, admin: asyncpg.Connection
+) -> None:
+    """Shared locks' grants are extended as mutex leases are: one SHARED_RENEWED per live grant, at the
+    lock's next versions in token order, the holders keeping their tokens."""
+    locks = service_on(pool)
+    shared = shared_lock_service_on_pool(pool, locks, Settings().ttl_bounds)
+    watch = watch_on(pool)
+    assert await watch.beat() is None
+    readers = [
+        (await shared.execute(AcquireShared("bay", owner, "shared", SHORT_MS, 3), CTX)).outcome
+        for owner in ("agv-1", "agv-2")
+    ]
+    assert await watch.beat() is None  # the last beat before the outage
+
+    await asyncio.sleep(LAPSE_S)  # the outage: both grants lapse meanwhile
+    outage = await watch.beat()
+
+    assert outage is not None
+    assert outage.shared_grants_extended == 2
+    rows = await admin.fetch(
+        "SELECT stream_version, data FROM events WHERE stream_id = 'shared/bay'"
+        " AND metadata->>'command' = 'extend' ORDER BY stream_version"
+    )
+    assert [(r["stream_version"], json.loads(r["data"])["fencing_token"]) for r in rows] == [(3, 1), (4, 2)]
+    held = await admin.fetch("SELECT fencing_token, expires_at FROM shared_holders ORDER BY 1")
+    gap = outage.ended - outage.began
+    for reader, row in zip(readers, held, strict=True):
+        assert row["expires_at"] == datetime.fromisoformat(reader["expires_at"]) + gap
+    # The grants are live again: renewed by their holders, and the lock is at its new version.
+    renewed = await shared.execute(RenewShared("bay", "agv-1", 1), CTX)
+    assert renewed.changed
+    report = await verify_chains(admin)
+    assert report.ok, report.broken
+    await locks.close()

@@ -27,13 +27,22 @@ import asyncpg
 import pytest
 
 from eventstore.connection import Connection
+from projections import shared_locks
 from service import lock_store, queue_store, reaper_store
 from service.config import Settings
 from service.database import COMMAND_PATH_SETTINGS, create_pool
 
 pytestmark = pytest.mark.storage
 
-TABLES = ("lock_state", "events", "idempotency_keys", "outage_beacon", "lock_queue")
+TABLES = (
+    "lock_state",
+    "events",
+    "idempotency_keys",
+    "outage_beacon",
+    "lock_queue",
+    "shared_locks",
+    "shared_holders",
+)
 STATEMENTS = {
     "load": lock_store.LOAD_SQL,
     "commit": lock_store.COMMIT_SQL,
@@ -41,6 +50,10 @@ STATEMENTS = {
     "queue_enter": queue_store.ENTER_SQL,
     "queue_leave": queue_store.LEAVE_SQL,
     "purge_tickets": reaper_store.PURGE_TICKETS_SQL,
+    "shared_load": shared_locks.LOAD_SQL,
+    "shared_commit": shared_locks.COMMIT_SQL,
+    "shared_due": shared_locks.DUE_SQL,
+    "shared_queue_enter": queue_store.ENTER_SHARED_SQL,
 }
 
 

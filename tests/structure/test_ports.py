@@ -13,6 +13,7 @@ USE_CASES = [
     "service/waiters.py",
     "service/saga_service.py",
     "service/saga_lapse.py",
+    "service/shared_lock_service.py",
 ]
 # What only a PostgreSQL adapter may import: the driver, the pool and statements, the adapters themselves.
 POSTGRES = {
@@ -22,6 +23,7 @@ POSTGRES = {
     "service.lock_store",
     "service.store",
     "service.saga_store",
+    "service.shared_lock_store",
     "service.reaper_store",
     "service.notifier",
     "service.composition",
