@@ -6,20 +6,24 @@ decider, no ``evolve``, no event classes, only the event types as the log spells
 - **holders** (:func:`check_holders`): along each stream (versions 1..n, none lost, recorded in time
   order), the leases its events begin, renew, hand on and end; every renewal, end and hand-off names a
   lease that is held, none after its deadline (an outage extension excepted), no expiry before it, and
-  the holders at every transition are admitted by the stream's :class:`Kind` (the mutex: never two).
-  Fencing tokens strictly increase per stream.
+  the holders at every transition are admitted by the stream's :class:`Kind` (the mutex: never two; a
+  shared lock: one exclusive grant alone, or shared grants within the limit they agreed on). Fencing
+  tokens strictly increase per stream.
 - **reservations** (:func:`check_reservations`): every reservation's grants were appended in one
   transaction (one ``tx_id``), with one deadline, and cover exactly the resources it asked for.
 - **hand-offs taken up once** (:func:`check_take_ups`): an accept or decline follows a hand-off to
   the agent that sends it, and nothing else between.
 - **FIFO** (:func:`check_fifo`): no grant overtakes a waiting acquire's ticket that came before it, was
   still live and was granted later. A hand-off is not a grant (it bypasses the queue by design) and a
-  waiter that gave up or died is never granted under its ticket, so neither is flagged.
+  waiter that gave up or died is never granted under its ticket, so neither is flagged. A shared lock's
+  reader (a shared grant without a limit) waits only for exclusive tickets: readers waiting together
+  may be granted in any order, never ahead of a writer that queued before them.
 - **acknowledged commands** (:func:`check_acknowledged`): every 2xx the agents saw has its events in the
   log, once, as answered.
 
-A new kind of lock (shared, counted) is a new :class:`Kind`: its event types and what each does to the
-holders, and which holders may coexist; add it to ``KINDS``.
+A new kind of lock is a new :class:`Kind`: its event types and what each does to the holders, and which
+holders may coexist; add it to ``KINDS``. The shared lock's streams are ``shared/<resource>``: the log
+and queue readers take them under ``shared/<prefix>`` too.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ class QueuedTicket:
     owner: str
     since: datetime
     deadline: datetime
+    exclusive: bool = True  # waits for an exclusive grant (a mutex's always; a shared lock's reader's not)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -99,7 +104,9 @@ class QueuedTicket:
 class Effect(StrEnum):
     BEGIN = "begin"  # a lease begins: owner, token, deadline in the event
     RENEW = "renew"  # a held lease gets a new deadline
-    END = "end"  # a held lease ends (released, expired, force-released)
+    END = "end"  # a held lease ends by its holder, before its deadline (released)
+    EXPIRE = "expire"  # a held lease ends at its deadline, never before it
+    FORCE_END = "force_end"  # a held lease ends at any time (an operator's force-release)
     HAND_ON = "hand_on"  # a held lease (from_owner, from_token) ends and the event's lease begins
 
 
@@ -115,12 +122,13 @@ class Hold:
 
 @dataclass(frozen=True)
 class Kind:
-    """A kind of lock as its log shows it. ``admits`` says whether holders may hold at once: the mutex
-    admits one; a shared lock would admit readers, or one writer; a counted one, up to its limit."""
+    """A kind of lock as its log shows it. ``breaks`` says which rule holders holding at once break (None:
+    they may coexist): the mutex admits one; a shared lock readers, or one writer; a semaphore up to its
+    limit."""
 
     name: str
     effects: Mapping[str, Effect]
-    admits: Callable[[Sequence[Hold]], bool]
+    breaks: Callable[[Sequence[Hold]], str | None]
 
 
 MUTEX = Kind(
@@ -129,13 +137,39 @@ MUTEX = Kind(
         "LOCK_ACQUIRED": Effect.BEGIN,
         "LOCK_RENEWED": Effect.RENEW,
         "LOCK_RELEASED": Effect.END,
-        "LOCK_EXPIRED": Effect.END,
-        "LOCK_FORCE_RELEASED": Effect.END,
+        "LOCK_EXPIRED": Effect.EXPIRE,
+        "LOCK_FORCE_RELEASED": Effect.FORCE_END,
         "LOCK_HANDED_OFF": Effect.HAND_ON,
     },
-    lambda holds: len(holds) <= 1,
+    lambda holds: "two_holders" if len(holds) > 1 else None,
 )
-KINDS: tuple[Kind, ...] = (MUTEX,)
+
+
+def _shared_breaks(holds: Sequence[Hold]) -> str | None:
+    """A shared lock's grants (``SHARED_ACQUIRED``'s ``mode`` and ``limit``): an exclusive one alone;
+    shared ones all naming one limit, and no more of them than it."""
+    if len(holds) > 1 and any(h.grant.data.get("mode") == "exclusive" for h in holds):
+        return "writer_not_alone"
+    limits = {h.grant.data.get("limit") for h in holds}
+    if len(limits) > 1:
+        return "limit_mismatch"
+    limit = next(iter(limits), None)
+    return "over_limit" if limit is not None and len(holds) > int(limit) else None
+
+
+SHARED = Kind(
+    "shared lock",
+    {
+        "SHARED_ACQUIRED": Effect.BEGIN,
+        "SHARED_RENEWED": Effect.RENEW,
+        "SHARED_RELEASED": Effect.END,
+        "SHARED_EXPIRED": Effect.EXPIRE,
+    },
+    _shared_breaks,
+)
+KINDS: tuple[Kind, ...] = (MUTEX, SHARED)
+GRANTS = frozenset({"LOCK_ACQUIRED", "SHARED_ACQUIRED"})  # the events a queued acquire is served by
+EXPIRIES = frozenset({"LOCK_EXPIRED", "SHARED_EXPIRED"})
 
 
 def kind_of(stream: Sequence[LogEvent]) -> Kind | None:
@@ -192,12 +226,12 @@ class _Walk:
             if (hold := self.held(event.owner, event.token, event)) is not None:
                 self.live_at(hold, event)
                 hold.deadline = event.expires_at
-        elif effect is Effect.END:
+        elif effect in (Effect.END, Effect.EXPIRE, Effect.FORCE_END):
             if (hold := self.held(event.owner, event.token, event)) is not None:
-                if event.type == "LOCK_EXPIRED":
+                if effect is Effect.EXPIRE:
                     if hold.deadline is not None and event.recorded_at < hold.deadline:
                         self.flag("expired_early", f"{event.label} before the deadline {hold.deadline}")
-                elif event.type != "LOCK_FORCE_RELEASED":
+                elif effect is Effect.END:
                     self.live_at(hold, event)
                 del self.holds[hold.token]
         else:
@@ -220,9 +254,9 @@ class _Walk:
             self.flag("token_regression", f"{event.label} token {token} after {self.last_token}")
         self.last_token = max(self.last_token, token)
         self.holds[token] = Hold(event.owner, token, event.expires_at, event)
-        if not self.kind.admits(list(self.holds.values())):
-            holders = [(h.owner, h.token) for h in self.holds.values()]
-            self.flag("two_holders", f"{event.label}: {self.kind.name} held by {holders} at once")
+        if (broken := self.kind.breaks(list(self.holds.values()))) is not None:
+            holders = [(h.owner, h.token, h.grant.data.get("mode")) for h in self.holds.values()]
+            self.flag(broken, f"{event.label}: {self.kind.name} held by {holders} at once")
 
     def live_at(self, hold: Hold, event: LogEvent) -> None:
         """A renewal, release or hand-off must come before the lease's deadline (an outage extension
@@ -294,12 +328,22 @@ def check_take_ups(events: Iterable[LogEvent]) -> list[Violation]:
     return found
 
 
+def _waits_only_for_writers(grant: LogEvent) -> bool:
+    """A shared lock's reader: a shared grant without a limit waits only for exclusive tickets ahead of
+    it (docs/decisions/0051-shared-locks.md); every other grant waits for every ticket ahead."""
+    return (
+        grant.type == "SHARED_ACQUIRED"
+        and grant.data.get("mode") == "shared"
+        and grant.data.get("limit") is None
+    )
+
+
 class _Queue:
     """The tickets each lock's queue showed, and when each granted ticket was served (the log's grants
     carry ``metadata.queue_ticket``)."""
 
     def __init__(self, events: Iterable[LogEvent], tickets: Iterable[QueuedTicket]) -> None:
-        self.grants = [e for e in events if e.type == "LOCK_ACQUIRED"]
+        self.grants = [e for e in events if e.type in GRANTS]
         self.served: dict[int, datetime] = {}
         for grant in self.grants:
             if (number := grant.metadata.get("queue_ticket")) is not None:
@@ -311,18 +355,23 @@ class _Queue:
     def waiting_at(self, grant: LogEvent) -> list[QueuedTicket]:
         """The tickets of the grant's lock that waited when it was decided and were served after it:
         queued before it (``since``), live at it (``deadline``), granted later, so their waiters had
-        neither given up nor died."""
+        neither given up nor died; for a reader's grant, only exclusive ones (the only ones it yields to)."""
         at = grant.recorded_at
+        writers_only = _waits_only_for_writers(grant)
         return [
             t
             for t in self.tickets.get(grant.stream, [])
-            if t.since < at < t.deadline and (served := self.served.get(t.ticket)) is not None and served > at
+            if t.since < at < t.deadline
+            and (served := self.served.get(t.ticket)) is not None
+            and served > at
+            and (t.exclusive or not writers_only)
         ]
 
 
 def check_fifo(events: Iterable[LogEvent], tickets: Iterable[QueuedTicket]) -> list[Violation]:
-    """No grant (a single acquire's or a reservation's) while a ticket ahead of it waited: one that
-    waited at the grant (``_Queue.waiting_at``) and is lower than the grant's own ticket, if it had one."""
+    """No grant (a single acquire's, a reservation's or a shared lock's) while a ticket ahead of it waited:
+    one that waited at the grant (``_Queue.waiting_at``: for a reader, an exclusive one) and is lower than
+    the grant's own ticket, if it had one."""
     queue = _Queue(events, tickets)
     found: list[Violation] = []
     for grant in queue.grants:
@@ -342,8 +391,8 @@ def check_fifo(events: Iterable[LogEvent], tickets: Iterable[QueuedTicket]) -> l
 
 
 def contested(events: Iterable[LogEvent], tickets: Iterable[QueuedTicket]) -> int:
-    """How many grants were decided while other acquires queued for the lock and were served later:
-    what :func:`check_fifo` had to judge (a run with none proves nothing about the order)."""
+    """How many grants were decided while other acquires it had to respect queued for the lock and were
+    served later: what :func:`check_fifo` had to judge (a run with none proves nothing about the order)."""
     queue = _Queue(events, tickets)
     return sum(bool(queue.waiting_at(grant)) for grant in queue.grants)
 
@@ -360,6 +409,9 @@ ACKNOWLEDGED_AS: dict[str, str] = {
     "reserve": "LOCK_ACQUIRED",
     "reserve-renew": "LOCK_RENEWED",
     "reserve-release": "LOCK_RELEASED",
+    "shared-acquire": "SHARED_ACQUIRED",  # a shared command's resource is its stream, shared/<resource>
+    "shared-renew": "SHARED_RENEWED",
+    "shared-release": "SHARED_RELEASED",
 }
 
 
@@ -379,7 +431,7 @@ def check_acknowledged(operations: Iterable[Operation], events: Iterable[LogEven
     resource, with the token it was answered; and no key was applied twice."""
     by_key: dict[str, list[LogEvent]] = defaultdict(list)
     for event in events:
-        if event.key is not None and event.type != "LOCK_EXPIRED":  # an expiry a grant appended first
+        if event.key is not None and event.type not in EXPIRIES:  # an expiry a grant appended first
             by_key[event.key].append(event)
     found: list[Violation] = []
     checked: set[str] = set()
@@ -439,21 +491,23 @@ def judge(
 # Reading the log
 # --------------------------------------------------------------------------------------------------
 
+# Under a prefix: its mutexes' streams and queues, and its shared locks' (shared/<prefix>...).
 LOG_SQL = """
 SELECT position, stream_id, stream_version, event_type, data::text AS data, metadata::text AS metadata,
        recorded_at, tx_id::text AS tx_id
   FROM events
- WHERE starts_with(stream_id, $1::text)
+ WHERE starts_with(stream_id, $1::text) OR starts_with(stream_id, 'shared/' || $1::text)
  ORDER BY position
 """
 
 QUEUE_SQL = """
-SELECT ticket, resource, owner, since, deadline FROM lock_queue WHERE starts_with(resource, $1::text)
+SELECT ticket, resource, owner, since, deadline, exclusive FROM lock_queue
+ WHERE starts_with(resource, $1::text) OR starts_with(resource, 'shared/' || $1::text)
 """
 
 
 async def read_log(conn: asyncpg.Connection, prefix: str) -> list[LogEvent]:
-    """Every event of the streams under ``prefix``, in position order."""
+    """Every event of the streams under ``prefix`` (and ``shared/<prefix>``), in position order."""
     rows = await conn.fetch(LOG_SQL, prefix)
     return [
         LogEvent(
@@ -471,9 +525,11 @@ async def read_log(conn: asyncpg.Connection, prefix: str) -> list[LogEvent]:
 
 
 async def read_queue(conn: asyncpg.Connection, prefix: str) -> list[QueuedTicket]:
-    """The tickets in ``lock_queue`` now for the resources under ``prefix``."""
+    """The tickets in ``lock_queue`` now for the locks under ``prefix`` (and ``shared/<prefix>``)."""
     rows = await conn.fetch(QUEUE_SQL, prefix)
     return [
-        QueuedTicket(row["ticket"], row["resource"], row["owner"], row["since"], row["deadline"])
+        QueuedTicket(
+            row["ticket"], row["resource"], row["owner"], row["since"], row["deadline"], row["exclusive"]
+        )
         for row in rows
     ]

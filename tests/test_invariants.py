@@ -199,16 +199,119 @@ def test_a_take_up_by_another_agent_is_flagged() -> None:
 def test_a_new_kind_is_a_few_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     """A counted lock, as another branch may add it: its events, and at most ``limit`` holders."""
 
-    def within_limit(holds: Sequence[Hold]) -> bool:
-        return all(len(holds) <= int(h.grant.data["limit"]) for h in holds)
+    def over_limit(holds: Sequence[Hold]) -> str | None:
+        return "too_many" if any(len(holds) > int(h.grant.data["limit"]) for h in holds) else None
 
-    counted = Kind("counted", {"SLOT_TAKEN": Effect.BEGIN, "SLOT_FREED": Effect.END}, within_limit)
+    counted = Kind("counted", {"SLOT_TAKEN": Effect.BEGIN, "SLOT_FREED": Effect.END}, over_limit)
     monkeypatch.setattr(invariants, "KINDS", (*invariants.KINDS, counted))
     log = Log()
     log.append("dock", "SLOT_TAKEN", 0, owner="a", fencing_token=1, expires_at=9.0, limit=2)
     log.append("dock", "SLOT_TAKEN", 1, owner="b", fencing_token=2, expires_at=9.0, limit=2)
     log.append("dock", "SLOT_TAKEN", 2, owner="c", fencing_token=3, expires_at=9.0, limit=2)
-    assert kinds(check_holders(log.events)) == ["two_holders"]
+    assert kinds(check_holders(log.events)) == ["too_many"]
+
+
+# --- shared locks and semaphores ------------------------------------------------------------------
+
+S = "shared/z"
+
+
+def grant(
+    log: Log, owner: str, token: int, when: float, until: float, mode: str = "shared", **kw: Any
+) -> None:
+    """A ``SHARED_ACQUIRED`` as the store writes it (``limit`` None unless given; metadata in ``meta``)."""
+    meta = kw.pop("meta", None)
+    limit = kw.pop("limit", None)
+    log.append(
+        S, "SHARED_ACQUIRED", when, None, meta, owner=owner, fencing_token=token, expires_at=until, mode=mode,
+        limit=limit, ttl_ms=3000,
+    )  # fmt: skip
+
+
+def shared_end(log: Log, kind: str, owner: str, token: int, when: float, until: float) -> None:
+    log.end(S, f"SHARED_{kind}", owner, token, when, until)
+
+
+def test_a_consistent_shared_log_passes() -> None:
+    """Readers together, a writer alone after them, a semaphore's permits within its limit; renewals,
+    releases, an expiry at its deadline and an outage extension past one."""
+    log = Log()
+    grant(log, "r1", 1, 0, 3)
+    grant(log, "r2", 2, 0.5, 3.5)
+    log.append(S, "SHARED_RENEWED", 1, owner="r1", fencing_token=1, expires_at=4.0, ttl_ms=3000)
+    shared_end(log, "RELEASED", "r1", 1, 2, 4)
+    shared_end(log, "EXPIRED", "r2", 2, 3.5, 3.5)
+    grant(log, "w", 6, 3.5, 6.5, mode="exclusive")
+    log.append(
+        S, "SHARED_RENEWED", 7, metadata={"command": "extend"}, owner="w", fencing_token=6, expires_at=9.0
+    )
+    shared_end(log, "RELEASED", "w", 6, 8, 9)
+    grant(log, "p1", 9, 8, 11, limit=2)
+    grant(log, "p2", 10, 8.5, 11.5, limit=2)
+    shared_end(log, "RELEASED", "p1", 9, 9, 11)
+    grant(log, "p3", 12, 9.5, 12.5, limit=2)
+    assert check_holders(log.events) == []
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "broken"),
+    [
+        ({"mode": "exclusive"}, {"mode": "exclusive"}, "writer_not_alone"),  # two writers
+        ({"mode": "shared"}, {"mode": "exclusive"}, "writer_not_alone"),  # a writer with a reader
+        ({"mode": "exclusive"}, {"mode": "shared"}, "writer_not_alone"),  # a reader with a writer
+        ({"limit": 2}, {"limit": 3}, "limit_mismatch"),  # permits under two limits at once
+        ({"limit": 2}, {"limit": None}, "limit_mismatch"),  # a reader beside a semaphore's permit
+    ],
+)
+def test_grants_that_may_not_coexist_are_flagged(
+    first: dict[str, Any], second: dict[str, Any], broken: str
+) -> None:
+    log = Log()
+    grant(log, "a", 1, 0, 3, **first)
+    grant(log, "b", 2, 1, 4, **second)
+    assert kinds(check_holders(log.events)) == [broken]
+
+
+def test_more_permits_than_the_limit_are_flagged() -> None:
+    log = Log()
+    for token in (1, 2, 3):
+        grant(log, f"p{token}", token, token, 9, limit=2)
+    assert kinds(check_holders(log.events)) == ["over_limit"]
+
+
+def test_shared_tokens_strictly_increase_across_modes() -> None:
+    log = Log()
+    grant(log, "r1", 2, 0, 3)
+    grant(log, "r2", 2, 1, 3)  # two grants under one token
+    shared_end(log, "RELEASED", "r1", 2, 2, 3)
+    assert "token_regression" in kinds(check_holders(log.events))
+
+
+@pytest.mark.parametrize(
+    ("kind", "owner", "token", "when", "broken"),
+    [
+        ("RENEWED", "r2", 1, 1, "no_such_lease"),  # another owner's grant
+        ("RELEASED", "r1", 5, 1, "no_such_lease"),  # a grant never made
+        ("RELEASED", "r1", 1, 3.5, "resurrected"),  # after its deadline
+        ("EXPIRED", "r1", 1, 2, "expired_early"),  # before it
+    ],
+)
+def test_a_shared_grants_end_must_name_a_live_grant_of_its_owner(
+    kind: str, owner: str, token: int, when: float, broken: str
+) -> None:
+    log = Log()
+    grant(log, "r1", 1, 0, 3)
+    data: dict[str, Any] = {"ttl_ms": 3000} if kind == "RENEWED" else {}
+    log.append(S, f"SHARED_{kind}", when, owner=owner, fencing_token=token, expires_at=3.0, **data)
+    assert kinds(check_holders(log.events)) == [broken]
+
+
+def test_an_ended_shared_grant_is_not_ended_twice() -> None:
+    log = Log()
+    grant(log, "r1", 1, 0, 3)
+    shared_end(log, "RELEASED", "r1", 1, 1, 3)
+    shared_end(log, "EXPIRED", "r1", 1, 3, 3)
+    assert kinds(check_holders(log.events)) == ["no_such_lease"]
 
 
 # --- reservations ---------------------------------------------------------------------------------
@@ -254,8 +357,10 @@ def test_a_reservation_nobody_asked_for_is_flagged() -> None:
 # --- FIFO -----------------------------------------------------------------------------------------
 
 
-def ticket(number: int, owner: str, since: float, deadline: float, resource: str = "z") -> QueuedTicket:
-    return QueuedTicket(number, resource, owner, at(since), at(deadline))
+def ticket(
+    number: int, owner: str, since: float, deadline: float, resource: str = "z", exclusive: bool = True
+) -> QueuedTicket:
+    return QueuedTicket(number, resource, owner, at(since), at(deadline), exclusive)
 
 
 def test_grants_in_ticket_order_pass_and_count_as_contested() -> None:
@@ -290,6 +395,44 @@ def test_the_documented_exceptions_are_not_overtaking(waiting: QueuedTicket) -> 
     log.acquire("z", "newcomer", 2, 1, 4)
     log.acquire("z", "w1", 4, 2, 5, queue_ticket=1)
     assert check_fifo(log.events, [waiting]) == []
+
+
+def shared_ticket(number: int, owner: str, since: float, exclusive: bool) -> QueuedTicket:
+    return ticket(number, owner, since, 9, resource=S, exclusive=exclusive)
+
+
+def test_readers_waiting_together_are_granted_in_any_order_but_before_a_later_writer() -> None:
+    log = Log()
+    grant(log, "r2", 2, 1, 4, meta={"queue_ticket": 2})  # reader 2 before reader 1: together
+    grant(log, "r1", 3, 1.5, 4.5, meta={"queue_ticket": 1})  # while writer 3 waits behind them
+    grant(log, "w3", 6, 5, 8, mode="exclusive", meta={"queue_ticket": 3})
+    tickets = [shared_ticket(1, "r1", 0, False), shared_ticket(2, "r2", 0.2, False)]
+    tickets.append(shared_ticket(3, "w3", 0.4, True))
+    assert check_fifo(log.events, tickets) == []
+    assert contested(log.events, tickets) == 2  # both readers' grants, while the writer waited
+
+
+@pytest.mark.parametrize(
+    ("mode", "limit", "own", "waiting_exclusive"),
+    [
+        ("shared", None, None, True),  # a reader that never queued, past a waiting writer
+        ("shared", None, 3, True),  # a reader queued behind a writer, granted before it
+        ("exclusive", None, 3, False),  # a writer past a reader queued before it
+        ("shared", 2, 3, False),  # a semaphore's permit past one queued before it
+    ],
+)
+def test_a_shared_grant_overtaking_a_ticket_it_must_wait_for_is_flagged(
+    mode: str, limit: int | None, own: int | None, waiting_exclusive: bool
+) -> None:
+    log = Log()
+    meta = {} if own is None else {"queue_ticket": own}
+    grant(log, "newcomer", 2, 1, 4, mode=mode, limit=limit, meta=meta)
+    grant(log, "w1", 3, 2, 5, mode="exclusive" if waiting_exclusive else "shared", limit=limit,
+          meta={"queue_ticket": 1})  # fmt: skip
+    tickets = [shared_ticket(1, "w1", 0, waiting_exclusive)]
+    if own is not None:
+        tickets.append(shared_ticket(own, "newcomer", 0.5, mode == "exclusive"))
+    assert kinds(check_fifo(log.events, tickets)) == ["overtaken"]
 
 
 # --- acknowledged commands ------------------------------------------------------------------------
