@@ -3,8 +3,11 @@
 Each agent loops over cycles: it answers the hand-offs offered to it (accept, then release, or decline),
 then either takes one lock (an acquire that often waits, so it queues: ``wait_ms``), renews it and
 releases it or hands it to another agent, or reserves an overlapping route of two or three zones, renews
-the set and releases it zone by zone or whole. Single locks and routes draw from the same few resources,
-so acquires, queued waiters, reservations and hand-offs contend for them.
+the set and releases it zone by zone or whole, or takes a shared lock: a read or write lock on one
+read/write lock, or a permit of one semaphore, waiting like the single acquires, renewing half the time,
+then releasing. Single locks and routes draw from the same few resources, so acquires, queued waiters,
+reservations and hand-offs contend for them; readers, writers and permits contend for the two shared
+locks.
 
 Every command carries its own Idempotency-Key and is retried under it while its outcome is unknown
 (timeout, broken connection, 5xx), each retry on the next server, as a load balancer would send it, so a
@@ -42,11 +45,16 @@ class Mix:
     resources: int = 5
     ttl_ms: int = 3_000
     waits_ms: tuple[int, ...] = (0, 1_000, 2_500, 2_500)
-    reserve: float = 0.4  # share of cycles that reserve a route rather than take one lock
+    reserve: float = 0.3  # share of cycles that reserve a route
+    shared: float = 0.35  # share of cycles that take a shared lock (the rest take one lock)
+    write: float = 0.35  # share of the read/write lock's acquires that are a writer's
+    permit: float = 0.4  # share of shared cycles that take a semaphore's permit
+    permits: int = 2  # the semaphore's limit
     hand_off: float = 0.35  # share of single leases handed to another agent rather than released
     accept: float = 0.7  # share of offers accepted (the rest declined)
     accept_within_ms: int = 5_000  # more than the longest wait: a busy receiver still answers
     hold_s: float = 0.04  # longest pause while holding
+    shared_hold_s: float = 0.6  # longest pause while holding a shared lock (so others queue behind it)
     attempts: int = 6  # requests per command while its outcome stays unknown
     backoff_s: float = 0.15  # first pause before a retry; doubles, capped at 1.2 s
     timeout_s: float = 10.0  # per request: more than the longest wait
@@ -72,8 +80,11 @@ class CoordinationLoad:
         self.history = history
         self.mix = mix
         self.seed = seed
+        self.rw_lock = f"shared/{prefix}rw"  # shared commands name their stream (tests/invariants.py)
+        self.semaphore = f"shared/{prefix}sem"
         self.requested: dict[str, frozenset[str]] = {}  # reservation id -> its resources, as asked
         self.done: dict[str, int] = defaultdict(int)  # primitive -> acknowledged commands
+        self.granted: dict[str, int] = defaultdict(int)  # read, write, permit -> acknowledged grants
         self._mailboxes: dict[str, asyncio.Queue[Offer]] = {}
         self._stopping = asyncio.Event()
         self._retry_until = float("inf")
@@ -126,8 +137,11 @@ class CoordinationLoad:
         while not self._stopping.is_set() and (self.mix.cycles is None or cycle < self.mix.cycles):
             cycle += 1
             await self._answer_offers(rng, owner)
-            if rng.random() < self.mix.reserve:
+            draw = rng.random()
+            if draw < self.mix.reserve:
                 await self._route(rng, owner, f"{self.prefix}{owner}-{cycle}")
+            elif draw < self.mix.reserve + self.mix.shared:
+                await self._shared(rng, owner)
             else:
                 await self._single(rng, owner, number)
         await self._answer_offers(rng, owner)
@@ -200,6 +214,34 @@ class CoordinationLoad:
                 return
             await self._hold(rng)
 
+    async def _shared(self, rng: random.Random, owner: str) -> None:
+        """A reader's or writer's grant of the read/write lock, or a permit of the semaphore."""
+        if rng.random() < self.mix.permit:
+            kind, stream, mode, limit = "permit", self.semaphore, "shared", self.mix.permits
+        elif rng.random() < self.mix.write:
+            kind, stream, mode, limit = "write", self.rw_lock, "exclusive", None
+        else:
+            kind, stream, mode, limit = "read", self.rw_lock, "shared", None
+        body = {
+            "owner": owner,
+            "mode": mode,
+            "limit": limit,
+            "ttl_ms": self.mix.ttl_ms,
+            "wait_ms": rng.choice(self.mix.waits_ms),
+        }
+        acquired = await self._command(rng, "shared-acquire", stream, body)
+        if acquired is None or not acquired.ok or acquired.response is None:
+            return
+        self.granted[kind] += 1
+        grant = {"owner": owner, "fencing_token": acquired.response["fencing_token"]}
+        await asyncio.sleep(rng.uniform(0, self.mix.shared_hold_s))
+        if rng.random() < 0.5:
+            renewed = await self._command(rng, "shared-renew", stream, grant)
+            if renewed is None or not renewed.ok:
+                return
+            await asyncio.sleep(rng.uniform(0, self.mix.shared_hold_s))
+        await self._command(rng, "shared-release", stream, grant)
+
     async def _hold(self, rng: random.Random) -> None:
         await asyncio.sleep(rng.uniform(0, self.mix.hold_s))
 
@@ -251,6 +293,8 @@ class CoordinationLoad:
 
 
 def _path(command: str, target: str) -> str:
+    if command.startswith("shared-"):  # the target is the lock's stream, shared/<resource>
+        return f"/v1/shared-locks/{target.removeprefix('shared/')}/{command.removeprefix('shared-')}"
     if command == "reserve":
         return "/v1/reservations"
     if command.startswith("reserve-"):

@@ -2,10 +2,12 @@
 while one server is SIGKILLed and restarted, or PostgreSQL is restarted (issue 35, item 6).
 
 Agents mix waiting acquires (the fair queue), overlapping reservations, hand-offs accepted or declined,
-renewals and releases; a command whose outcome is unknown is retried under its Idempotency-Key on the
-other server. Whatever the fault cut off, the log must keep every invariant of tests/invariants.py: never
-two holders, tokens strictly increasing, each reservation one transaction of exactly its set, no grant
-overtaking a waiter queued before it, and every acknowledged command in the log once.
+readers and writers of a read/write lock and permits of a semaphore, renewals and releases; a command
+whose outcome is unknown is retried under its Idempotency-Key on the other server. Whatever the fault cut
+off, the log must keep every invariant of tests/invariants.py: never two holders of a mutex, a writer
+alone and permits within the limit, tokens strictly increasing, each reservation one transaction of
+exactly its set, no grant overtaking a waiter queued before it (a reader: a writer), and every
+acknowledged command in the log once.
 """
 
 from __future__ import annotations
@@ -74,10 +76,13 @@ def _auditor(
 
 def _notes(load: CoordinationLoad, verdicts: list[Judgement], watcher: QueueWatcher) -> dict[str, object]:
     events = verdicts[0].events if verdicts else []
+    shared = [e for e in events if e.stream.startswith("shared/")]
     return {
         "acked_by_command": dict(load.done),
+        "shared_grants": dict(load.granted),
         "tickets_seen": len(watcher.tickets),
         "contested_grants": contested(events, watcher.tickets.values()),
+        "contested_shared_grants": contested(shared, watcher.tickets.values()),
     }
 
 
@@ -121,8 +126,10 @@ async def test_one_of_two_servers_sigkilled_under_every_primitive(
     assert len(history.acked) > MIN_ACKED, "the load never got going"
     assert any(op.error for op in history.unknown), "no request noticed the kill"
     assert _progress_after(history, restarted), "no progress after the restart"
-    for command in ("acquire", "handoff", "reserve"):
+    for command in ("acquire", "handoff", "reserve", "shared-release"):
         assert load.done[command] > 0, (command, dict(load.done))
+    for kind in ("read", "write", "permit"):
+        assert load.granted[kind] > 0, (kind, dict(load.granted))
 
 
 async def test_postgres_restarted_under_every_primitive(
@@ -164,5 +171,7 @@ async def test_postgres_restarted_under_every_primitive(
     assert len(history.acked) > MIN_ACKED, "the load never got going"
     assert history.unknown, "the outage went unnoticed"
     assert _progress_after(history, restarted), "the service did not recover"
-    for command in ("acquire", "handoff", "reserve"):
+    for command in ("acquire", "handoff", "reserve", "shared-release"):
         assert load.done[command] > 0, (command, dict(load.done))
+    for kind in ("read", "write", "permit"):
+        assert load.granted[kind] > 0, (kind, dict(load.granted))

@@ -2,10 +2,12 @@
 every invariant checked on the log (tests/invariants.py; issue 35, item 6).
 
 Agents mix single acquires that wait in the fair queue, reservations of overlapping routes, hand-offs
-between agents (offered, then accepted or declined), renewals and releases, each request on either
-server (tests/coordination_load.py). Then the log, read in position order, must show: never two holders
-of a resource, tokens strictly increasing per resource, every reservation granted in one transaction and
-exactly its set, no grant overtaking a waiter queued before it, and every acknowledged command in it.
+between agents (offered, then accepted or declined), readers and writers of a read/write lock and
+permits of a semaphore (waiting too), renewals and releases, each request on either server
+(tests/coordination_load.py). Then the log, read in position order, must show: never two holders of a
+mutex, a writer alone and never more permits than the limit, tokens strictly increasing per resource,
+every reservation granted in one transaction and exactly its set, no grant overtaking a waiter queued
+before it (a reader: a writer), and every acknowledged command in it.
 """
 
 from __future__ import annotations
@@ -49,12 +51,23 @@ async def test_two_servers_under_every_primitive_keep_every_invariant(
         await conn.close()
 
     verdict = judge(events, history.operations, load.requested, watcher.tickets.values())
+    shared = [e for e in events if e.stream.startswith("shared/")]
+    print(
+        f"\ncoordination stress: {len(history.operations)} requests, {len(history.acked)} acked,"
+        f" {len(history.unknown)} unknown; contested grants {contested(events, watcher.tickets.values())}"
+        f" (shared {contested(shared, watcher.tickets.values())}); shared grants {dict(load.granted)};"
+        f" {len(verdict.violations)} violations"
+    )
 
     assert verdict.violations == [], "\n".join(map(str, verdict.violations))
     # Not vacuous: every primitive was used and acknowledged, and waiters were served through the queue.
     for command in ("acquire", "renew", "release", "handoff", "accept", "decline", "reserve"):
         assert load.done[command] > 0, (command, dict(load.done))
-    assert load.done["reserve-release"] > 0
-    assert any(e.metadata.get("queue_ticket") is not None for e in events), "no grant through the queue"
-    assert contested(events, watcher.tickets.values()) > 0, "no grant was decided while others queued"
+    for command in ("reserve-release", "shared-renew", "shared-release"):
+        assert load.done[command] > 0, (command, dict(load.done))
+    for kind in ("read", "write", "permit"):
+        assert load.granted[kind] > 0, (kind, dict(load.granted))
+    for grants in (events, shared):
+        assert any(e.metadata.get("queue_ticket") is not None for e in grants), "no grant through the queue"
+        assert contested(grants, watcher.tickets.values()) > 0, "no grant was decided while others queued"
     assert len(history.acked) > MIN_ACKED
