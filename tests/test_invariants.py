@@ -525,3 +525,49 @@ def test_logs_of_a_correct_mutex_pass(plan: list[tuple[str, int]]) -> None:
         dropped = [e for i, e in enumerate(log.events) if i != ends[0]]
         found = kinds(check_holders(dropped))
         assert "two_holders" in found
+
+
+shared_steps = st.lists(
+    st.tuples(st.sampled_from(["read", "write", "renew", "release", "lapse"]), st.integers(1, 4)),
+    max_size=40,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(shared_steps, st.sampled_from([None, 2, 3]))
+def test_logs_of_a_correct_shared_lock_pass(plan: list[tuple[str, int]], limit: int | None) -> None:
+    """A model shared lock (readers together within ``limit``, a writer alone, each token its stream
+    version, lapsed grants expired before the next decision) writes the log: the checker finds nothing;
+    a writer granted beside live grants is caught."""
+    log = Log()
+    now = 0.0
+    grants: dict[int, tuple[str, str, float]] = {}  # token -> owner, mode, deadline
+    for action, agent in plan:
+        now += 0.5
+        owner = f"a{agent}"
+        for token, (holder, _, until) in sorted(grants.items()):
+            if until <= now:
+                shared_end(log, "EXPIRED", holder, token, now, until)
+                del grants[token]
+        mine = [token for token, (holder, _, _) in grants.items() if holder == owner]
+        version = sum(e.stream == S for e in log.events)
+        modes = {mode for _, mode, _ in grants.values()}
+        if action == "write" and not grants:
+            grants[version + 1] = (owner, "exclusive", now + 2)
+            grant(log, owner, version + 1, now, now + 2, mode="exclusive", limit=limit)
+        elif action == "read" and "exclusive" not in modes and (limit is None or len(grants) < limit):
+            grants[version + 1] = (owner, "shared", now + 2)
+            grant(log, owner, version + 1, now, now + 2, limit=limit)
+        elif action == "renew" and mine:
+            grants[mine[0]] = (owner, grants[mine[0]][1], now + 2)
+            log.append(S, "SHARED_RENEWED", now, owner=owner, fencing_token=mine[0], expires_at=now + 2)
+        elif action == "release" and mine:
+            shared_end(log, "RELEASED", owner, mine[0], now, grants.pop(mine[0])[2])
+        elif action == "lapse":
+            now += 2
+    assert check_holders(log.events) == []
+    live = [token for token, (_, _, until) in grants.items() if until > now]
+    if live:
+        version = sum(e.stream == S for e in log.events)
+        grant(log, "intruder", version + 1, now, now + 2, mode="exclusive", limit=limit)
+        assert kinds(check_holders(log.events)) == ["writer_not_alone"]
