@@ -74,12 +74,15 @@ def _auditor(
     return audit, verdicts
 
 
-def _notes(load: CoordinationLoad, verdicts: list[Judgement], watcher: QueueWatcher) -> dict[str, object]:
+def _notes(
+    history: History, load: CoordinationLoad, verdicts: list[Judgement], watcher: QueueWatcher
+) -> dict[str, object]:
     events = verdicts[0].events if verdicts else []
     shared = [e for e in events if e.stream.startswith("shared/")]
     return {
         "acked_by_command": dict(load.done),
         "shared_grants": dict(load.granted),
+        "shared_unknown": sum(op.command.startswith("shared-") for op in history.unknown),
         "tickets_seen": len(watcher.tickets),
         "contested_grants": contested(events, watcher.tickets.values()),
         "contested_shared_grants": contested(shared, watcher.tickets.values()),
@@ -118,7 +121,7 @@ async def test_one_of_two_servers_sigkilled_under_every_primitive(
         history,
         started,
         audit_with=audit,
-        notes_from=lambda _: _notes(load, verdicts, watcher),
+        notes_from=lambda _: _notes(history, load, verdicts, watcher),
         downtime_s=downtime_s,
         connect_errors=sum(op.error == "ConnectError" for op in history.unknown),
     )
@@ -162,7 +165,7 @@ async def test_postgres_restarted_under_every_primitive(
         history,
         started,
         audit_with=audit,
-        notes_from=lambda _: _notes(load, verdicts, watcher),
+        notes_from=lambda _: _notes(history, load, verdicts, watcher),
         unavailable_503=sum(op.status == 503 for op in history.unknown),
         internal_errors_500=sum(op.status == 500 for op in history.operations),
     )
