@@ -97,3 +97,22 @@ class SharedLockInfo(BaseModel):
     limit: int | None = Field(description="The limit the live grants agreed on; none without one.")
     holders: list[SharedHolder] = Field(description="Live grants, by token.")
     queue: list[SharedWaiter] = Field(description="Acquires waiting, first in line first.")
+
+
+class ListedSharedGrant(BaseModel):
+    resource: str
+    owner: str
+    mode: ModeField
+    limit: int | None = Field(description="The semaphore's permits; none for a read/write lock.")
+    fencing_token: int
+    ttl_ms: int
+    granted_at: Timestamp
+    expires_at: Timestamp
+
+
+class SharedGrantList(BaseModel):
+    """A page of live grants, shaped as ``LockList`` (``GET /v1/locks``)."""
+
+    at: Timestamp = Field(description="The database time the list is as of (its snapshot's).")
+    items: list[ListedSharedGrant] = Field(description="Live grants, by resource then token.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")

@@ -8,7 +8,9 @@ lock of its own: the mutex ``/v1/locks/{resource}`` of the same name is another 
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
@@ -18,8 +20,10 @@ from api.commands import Holder, lease_owner, problems, render_outcome
 from api.dependencies import ResourcePath
 from api.request_checks import StrictRoute
 from api.shared_lock_models import (
+    ListedSharedGrant,
     SharedAcquireRequest,
     SharedGrant,
+    SharedGrantList,
     SharedHolder,
     SharedLockInfo,
     SharedReleased,
@@ -28,9 +32,10 @@ from api.shared_lock_models import (
     SharedWaiter,
 )
 from domain.access import Action
+from domain.resource import OWNER_PATTERN
 from domain.shared_lock import AcquireShared, Mode, ReleaseShared, RenewShared, SharedCommand, stream_id
 from projections.shared_locks import Holder as GrantRow
-from projections.shared_locks import holders_of
+from projections.shared_locks import ListedGrant, holders_of, list_grants
 from service.queue_store import Waiting, queue_of
 from service.shared_lock_service import SharedLockService
 
@@ -84,6 +89,40 @@ async def release(
     """End the grant now, so waiters need not wait for its deadline; 403 when it is another's."""
     command = ReleaseShared(resource, lease_owner(body.owner, call.caller), body.fencing_token)
     return await _run(command, call, request, SharedReleased)
+
+
+# A page's cursor: the last grant listed, ``<resource>/<fencing_token>`` ("/" is never in a resource).
+GRANT_CURSOR_PATTERN = r"^[A-Za-z0-9._:\-]{1,200}/\d{1,19}$"
+_MAX_TOKEN = 2**63 - 1
+
+
+@router.get("", response_model=SharedGrantList, dependencies=[Depends(require(Action.READ_STATE))])
+async def list_shared_grants(
+    request: Request,
+    prefix: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9._:\-]{0,200}$")] = None,
+    holder: Annotated[str | None, Query(pattern=OWNER_PATTERN, max_length=200)] = None,
+    cursor: Annotated[str | None, Query(pattern=GRANT_CURSOR_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> SharedGrantList:
+    """Live grants of every shared lock and semaphore, by resource then token (for dashboards, as
+    `GET /v1/locks` lists mutex leases). Filter by resource prefix or holder; page with `cursor`."""
+    after = None
+    if cursor is not None:
+        resource, token = cursor.rsplit("/", 1)
+        after = (resource, min(int(token), _MAX_TOKEN))
+    async with request.app.state.read_pool.acquire() as conn:
+        page = await list_grants(conn, prefix=prefix, holder=holder, cursor=after, limit=limit)
+    next_cursor = None if page.next_cursor is None else "{}/{}".format(*page.next_cursor)
+    return SharedGrantList(at=page.at, items=[_listed(g) for g in page.items], next_cursor=next_cursor)
+
+
+def _listed(listed: ListedGrant) -> ListedSharedGrant:
+    grant = listed.holder.grant
+    return ListedSharedGrant(
+        resource=listed.resource, owner=grant.owner, mode=grant.mode, limit=grant.limit,
+        fencing_token=grant.fencing_token, ttl_ms=grant.ttl_ms, granted_at=listed.holder.granted_at,
+        expires_at=grant.expires_at,
+    )  # fmt: skip
 
 
 @router.get(

@@ -314,6 +314,58 @@ async def holders_of(conn: Connection, resource: str) -> list[Holder]:
     return [Holder(_grant(row), row["granted_at"]) for row in await conn.fetch(_LIVE_GRANTS, resource)]
 
 
+# Live grants (deadline ahead), by resource and token, after the cursor's (resource, token). "Now" is the
+# statement's start, one instant for every row; the outer join reads it even when no grant matches.
+_LIST_SQL = """
+SELECT c.now AS db_now, g.*
+  FROM (SELECT statement_timestamp() AS now) AS c
+  LEFT JOIN LATERAL (
+        SELECT resource, fencing_token, owner, mode, lock_limit, ttl_ms, granted_at, expires_at
+          FROM shared_holders
+         WHERE expires_at > c.now
+           AND ($1::text IS NULL OR starts_with(resource, $1))
+           AND ($2::text IS NULL OR owner = $2)
+           AND ($3::text IS NULL OR (resource, fencing_token) > ($3, $4::bigint))
+         ORDER BY resource, fencing_token
+         LIMIT $5
+       ) AS g ON true
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ListedGrant:
+    """A live grant of some shared lock, as ``GET /v1/shared-locks`` lists it."""
+
+    resource: str
+    holder: Holder
+
+
+@dataclass(frozen=True, slots=True)
+class GrantPage:
+    at: datetime  # the instant the page is as of: the statement's start
+    items: list[ListedGrant]
+    next_cursor: tuple[str, int] | None  # the last (resource, token) listed, when more follow
+
+
+async def list_grants(
+    conn: Connection,
+    *,
+    prefix: str | None = None,
+    holder: str | None = None,
+    cursor: tuple[str, int] | None = None,
+    limit: int = 100,
+) -> GrantPage:
+    """Live grants of every shared lock, ordered by resource then token, after ``cursor``; one round
+    trip, as ``projections.queries.list_locks``."""
+    after, token = cursor if cursor is not None else (None, None)
+    rows = await conn.fetch(_LIST_SQL, prefix or None, holder, after, token, limit + 1)
+    live = [row for row in rows if row["resource"] is not None]
+    items = [ListedGrant(row["resource"], Holder(_grant(row), row["granted_at"])) for row in live[:limit]]
+    last = items[-1] if len(live) > limit else None
+    next_cursor = None if last is None else (last.resource, last.holder.grant.fencing_token)
+    return GrantPage(rows[0]["db_now"], items, next_cursor)
+
+
 DUE_SQL = """
 SELECT DISTINCT resource FROM (
        SELECT resource FROM shared_holders WHERE expires_at <= clock_timestamp()

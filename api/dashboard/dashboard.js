@@ -7,8 +7,11 @@
 // counters), /v1/stats/agents (each agent's holds, mean hold and lapses, from the agent_stats projector),
 // /v1/replay/state and /v1/replay/changes (the time slider), /v1/locks/{resource} (a lock's detail: its
 // fair queue in order). Each held lock shows the reservation it was taken in (a badge: clicking it shows
-// that reservation's locks alone) and how many acquires wait for it (`queued`). Times come from the
-// server's clock: the offset to it is measured on each /v1/locks answer (its `at`).
+// that reservation's locks alone) and how many acquires wait for it (`queued`). Shared locks (read/write
+// locks and semaphores) have a table of their own: their grants from /v1/shared-locks (re-polled) and the
+// feed's SHARED_* events, a mode badge each (read, write, permit k of N); a shared lock's detail shows
+// its holders and its queue, each waiter's mode with it (/v1/shared-locks/{resource}). Times come from
+// the server's clock: the offset to it is measured on each /v1/locks answer (its `at`).
 
 import { setUpTimeline } from "./timeline.js";
 
@@ -22,6 +25,8 @@ const MIN_AROUND_MS = 100;
 const HALF_PAGE = 500; // events shown each side of it, at most
 const SLIDER_SPAN_MS = 3600_000;
 const MAX_EVENTS = 150;
+const SHARED_STREAM = "shared/"; // a shared lock's stream in the log: "shared/<resource>"
+const ENDED_KEPT_MS = 60_000; // how long an ended grant is remembered, so a list read before its end cannot revive it
 
 const $ = (id) => document.getElementById(id);
 
@@ -37,7 +42,11 @@ const state = {
   lastStats: null,
   agentStats: new Map(), // owner -> {holds, ended, mean_hold_ms, lapses} from /v1/stats/agents
   reservation: null, // the reservation id the held table is narrowed to, if any
-  detail: null, // {resource, lock: the /v1/locks/{resource} answer | null} while a lock's detail is open
+  shared: new Map(), // "resource#token" -> {seenAt (ms, server clock), grant} of live shared-lock grants
+  sharedEnded: new Map(), // "resource#token" -> when its end was seen
+  // {resource, shared, lock: the /v1/locks/{resource} or /v1/shared-locks/{resource} answer | null} while a
+  // lock's detail is open
+  detail: null,
   tokenWaiters: [],
 };
 
@@ -132,7 +141,7 @@ async function followFeed() {
       if (!response.ok || !response.body) throw new Error(`feed: HTTP ${response.status}`);
       setFeedStatus("live");
       backoffMs = 500;
-      if (lastId) pollLocks().catch(() => {});
+      if (lastId) for (const poll of [pollLocks, pollShared]) poll().catch(() => {});
       const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
       const feed = sseParser((message) => {
         if (message.id) lastId = message.id;
@@ -153,6 +162,7 @@ async function followFeed() {
 }
 
 const LOCK_ENDS = new Set(["LOCK_RELEASED", "LOCK_EXPIRED", "LOCK_FORCE_RELEASED"]);
+const SHARED_ENDS = new Set(["SHARED_RELEASED", "SHARED_EXPIRED"]);
 
 function onEvent(event) {
   const at = Date.parse(event.recorded_at);
@@ -180,12 +190,45 @@ function onEvent(event) {
     });
   } else if (LOCK_ENDS.has(event.type)) {
     remember(event.stream, event.version, at, null);
+  } else if (event.type.startsWith("SHARED_")) {
+    onSharedEvent(event, at);
   } else if (!event.type.startsWith("LOCK_")) {
     soon(pollSagas, 200); // a saga moved
   }
-  if (state.detail?.resource === event.stream) soon(pollDetail, 200);
+  if (state.detail && detailStream(state.detail) === event.stream) soon(pollDetail, 200);
   render();
 }
+
+// A shared lock's grant begins, is renewed or ends. A renewal names no mode: the grant's known one, else the
+// next list's.
+function onSharedEvent(event, at) {
+  const resource = event.stream.slice(SHARED_STREAM.length);
+  const data = event.data;
+  const key = grantKey(resource, data.fencing_token);
+  if (SHARED_ENDS.has(event.type)) {
+    state.shared.delete(key);
+    state.sharedEnded.set(key, at);
+    return;
+  }
+  if (state.sharedEnded.has(key)) return;
+  const known = state.shared.get(key)?.grant;
+  if (event.type !== "SHARED_ACQUIRED" && !known) soon(pollShared, 200);
+  state.shared.set(key, {
+    seenAt: at,
+    grant: {
+      resource,
+      owner: data.owner,
+      fencing_token: data.fencing_token,
+      mode: data.mode ?? known?.mode ?? "shared",
+      limit: "limit" in data ? data.limit : known?.limit ?? null,
+      ttl_ms: data.ttl_ms,
+      expires_at: data.expires_at,
+    },
+  });
+}
+
+const grantKey = (resource, token) => `${resource}#${token}`;
+const detailStream = (detail) => (detail.shared ? SHARED_STREAM + detail.resource : detail.resource);
 
 function remember(resource, version, seenAt, lock) {
   const known = state.locks.get(resource);
@@ -210,22 +253,42 @@ async function pollLocks() {
     if (!listed.has(resource) && known.seenAt <= at) state.locks.delete(resource);
   }
   $("held-note").textContent = page.next_cursor ? "(the first 1,000)" : "";
-  if (state.detail) await pollDetail();
+  if (state.detail && !state.detail.shared) await pollDetail();
   render();
 }
 
-// A lock's detail: its state and its fair queue, first in line first (GET /v1/locks/{resource}).
+// Live shared-lock grants (GET /v1/shared-locks); a grant not listed is gone as of `at`, unless the feed
+// told of it since.
+async function pollShared() {
+  const page = await api("/v1/shared-locks?limit=1000");
+  const at = Date.parse(page.at);
+  const listed = new Set();
+  for (const grant of page.items) {
+    const key = grantKey(grant.resource, grant.fencing_token);
+    listed.add(key);
+    if (!state.sharedEnded.has(key)) state.shared.set(key, { seenAt: at, grant });
+  }
+  for (const [key, known] of state.shared) if (!listed.has(key) && known.seenAt <= at) state.shared.delete(key);
+  for (const [key, endedAt] of state.sharedEnded) if (endedAt < at - ENDED_KEPT_MS) state.sharedEnded.delete(key);
+  $("shared-note").textContent = page.next_cursor ? "(the first 1,000)" : "read/write locks and semaphores, live";
+  if (state.detail?.shared) await pollDetail();
+  renderShared();
+}
+
+// A lock's detail: its state and its fair queue, first in line first (GET /v1/locks/{resource}); for a
+// shared lock its holders too (GET /v1/shared-locks/{resource}).
 async function pollDetail() {
-  const resource = state.detail?.resource;
-  if (!resource) return;
-  const lock = await api(`/v1/locks/${encodeURIComponent(resource)}`);
-  if (state.detail?.resource !== resource) return; // closed or moved on meanwhile
-  state.detail.lock = lock;
+  const detail = state.detail;
+  if (!detail) return;
+  const path = detail.shared ? "/v1/shared-locks/" : "/v1/locks/";
+  const lock = await api(path + encodeURIComponent(detail.resource));
+  if (state.detail !== detail) return; // closed or moved on meanwhile
+  detail.lock = lock;
   renderDetail();
 }
 
-function openDetail(resource) {
-  state.detail = { resource, lock: null };
+function openDetail(resource, shared = false) {
+  state.detail = { resource, shared, lock: null };
   renderDetail();
   pollDetail().catch((error) => {
     if (!(error instanceof NeedToken)) console.warn(error);
@@ -288,7 +351,7 @@ function every(ms, poll) {
 }
 
 function refreshAll() {
-  for (const poll of [pollLocks, pollSagas, pollStats, pollAgentStats]) poll().catch(() => {});
+  for (const poll of [pollLocks, pollShared, pollSagas, pollStats, pollAgentStats]) poll().catch(() => {});
   if (state.scrub) scrubTo(state.scrub.at);
 }
 
@@ -403,6 +466,7 @@ function render() {
 }
 
 function renderLocks() {
+  renderShared();
   const locks = shownLocks();
   renderHeld(locks);
   renderExpiring(locks);
@@ -426,17 +490,28 @@ function el(tag, attrs = {}, ...children) {
 // changed, so a selection (copying a resource name) survives the clock's tick.
 const heldRows = new Map();
 
+// A lease's time left: a bar that empties and the seconds.
+function timeLeft() {
+  const fill = el("div", { class: "fill" });
+  const secs = el("span", { class: "secs" });
+  return { fill, secs, bar: el("div", { class: "time-left" }, el("div", { class: "track" }, fill), secs) };
+}
+
+function setTimeLeft(cells, left, ttl) {
+  cells.fill.style.width = `${Math.max(0, Math.min(100, (100 * left) / ttl))}%`;
+  setText(cells.secs, `${(left / 1000).toFixed(1)} s`);
+  cells.bar.toggleAttribute("data-soon", left < EXPIRING_MS);
+}
+
 function heldRow(resource) {
   const cells = {
     owner: el("td"),
     token: el("td", { class: "mono" }),
-    fill: el("div", { class: "fill" }),
-    secs: el("span", { class: "secs" }),
+    ...timeLeft(),
     saga: el("td"),
     badge: el("button", { type: "button", class: "badge", hidden: "" }),
     queued: el("td", { class: "queued" }),
   };
-  cells.bar = el("div", { class: "time-left" }, el("div", { class: "track" }, cells.fill), cells.secs);
   const name = el("td", { class: "mono resource", text: resource, title: `${resource}: click for its queue` });
   name.addEventListener("click", () => openDetail(resource));
   cells.badge.addEventListener("click", () => showReservation(cells.badge.dataset.reservation));
@@ -503,9 +578,7 @@ function renderHeld(all) {
     setQueued(row, lock.queued);
     row.owner.title = lock.owner;
     const ttl = lock.ttl_ms || Date.parse(lock.expires_at) - Date.parse(lock.acquired_at) || lock.left;
-    row.fill.style.width = `${Math.max(0, Math.min(100, (100 * lock.left) / ttl))}%`;
-    setText(row.secs, `${(lock.left / 1000).toFixed(1)} s`);
-    row.bar.toggleAttribute("data-soon", lock.left < EXPIRING_MS);
+    setTimeLeft(row, lock.left, ttl);
     return row.tr;
   });
   const shown = new Set(locks.map((lock) => lock.resource));
@@ -521,12 +594,89 @@ function renderHeld(all) {
       : "No lock is held.";
 }
 
+// Shared-lock grants by resource then token; rows kept across redraws, as the held table's.
+const sharedRows = new Map();
+
+function sharedGrants() {
+  const now = serverNow();
+  const grants = [];
+  for (const { grant } of state.shared.values()) {
+    const left = Date.parse(grant.expires_at) - now;
+    if (left > 0) grants.push({ ...grant, left });
+  }
+  const byResource = (a, b) => (a.resource < b.resource ? -1 : a.resource > b.resource ? 1 : 0);
+  return grants.sort((a, b) => byResource(a, b) || a.fencing_token - b.fencing_token);
+}
+
+// What a grant is: a reader's ("read"), the writer's ("write") or a semaphore's permit (its place among the
+// live permits, by token, "of" the limit).
+function modeOf(mode, limit) {
+  return mode === "exclusive" ? "write" : limit == null ? "read" : "permit";
+}
+
+function modeLabel(grant, place) {
+  const kind = modeOf(grant.mode, grant.limit);
+  return kind === "permit" ? `permit ${place} of ${grant.limit}` : kind;
+}
+
+function sharedRow(grant) {
+  const cells = { mode: el("span", { class: "mode" }), owner: el("td"), ...timeLeft() };
+  const name = el("td", {
+    class: "mono resource",
+    text: grant.resource,
+    title: `${grant.resource}: click for its holders and queue`,
+  });
+  name.addEventListener("click", () => openDetail(grant.resource, true));
+  cells.tr = el(
+    "tr",
+    { "data-resource": grant.resource, "data-token": String(grant.fencing_token) },
+    name,
+    el("td", {}, cells.mode),
+    cells.owner,
+    el("td", { class: "mono", text: String(grant.fencing_token) }),
+    el("td", { class: "left" }, cells.bar),
+  );
+  return cells;
+}
+
+// Live only: the slider replays mutex leases, not shared grants.
+function renderShared() {
+  const grants = state.scrub ? [] : sharedGrants();
+  const places = new Map();
+  const rows = grants.map((grant) => {
+    const key = grantKey(grant.resource, grant.fencing_token);
+    const place = (places.get(grant.resource) ?? 0) + 1;
+    places.set(grant.resource, place);
+    let row = sharedRows.get(key);
+    if (!row) sharedRows.set(key, (row = sharedRow(grant)));
+    setText(row.mode, modeLabel(grant, place));
+    row.mode.dataset.mode = modeOf(grant.mode, grant.limit);
+    setText(row.owner, grant.owner);
+    row.owner.title = grant.owner;
+    setTimeLeft(row, grant.left, grant.ttl_ms || grant.left);
+    return row.tr;
+  });
+  const shown = new Set(grants.map((grant) => grantKey(grant.resource, grant.fencing_token)));
+  for (const key of sharedRows.keys()) if (!shown.has(key)) sharedRows.delete(key);
+  const body = $("shared").tBodies[0];
+  if (rows.length !== body.children.length || rows.some((tr, i) => body.children[i] !== tr)) {
+    body.replaceChildren(...rows);
+  }
+  $("shared-empty").hidden = rows.length > 0;
+  $("shared-empty").textContent = state.scrub
+    ? "Shared locks are shown live only: the slider replays mutex leases."
+    : "No shared lock is held.";
+  $("count-shared").textContent = grants.length;
+}
+
 function renderDetail() {
   const detail = state.detail;
   $("detail-card").hidden = !detail;
   if (!detail) return;
   $("detail-card").dataset.resource = detail.resource;
   setText($("detail-resource"), detail.resource);
+  if (detail.shared) return renderSharedDetail(detail);
+  $("detail-holders-part").hidden = true;
   const lock = detail.lock;
   const facts = lock
     ? [
@@ -540,18 +690,58 @@ function renderDetail() {
   $("detail-facts").replaceChildren(
     ...facts.filter(([, value]) => value).flatMap(([term, value]) => [el("dt", { text: term }), el("dd", { text: value })]),
   );
-  const queue = lock?.queue ?? [];
+  renderQueue(lock?.queue ?? [], null);
+}
+
+// The queue, first in line first; a shared lock's waiters with their mode (`limit`: the lock's, if any).
+function renderQueue(queue, limit) {
   $("detail-queue").replaceChildren(
-    ...queue.map((waiting, place) =>
-      el(
+    ...queue.map((waiting, place) => {
+      const mode = waiting.mode ? modeOf(waiting.mode, limit) : null;
+      const until = `waits until ${formatClock(Date.parse(waiting.deadline))}`;
+      const attrs = { "data-owner": waiting.owner, "data-place": String(place + 1) };
+      if (mode) attrs["data-mode"] = mode;
+      return el(
         "li",
-        { "data-owner": waiting.owner, "data-place": String(place + 1) },
+        attrs,
         el("span", { text: `${place + 1}. ${waiting.owner}` }),
-        el("span", { class: "why", text: `waits until ${formatClock(Date.parse(waiting.deadline))}` }),
-      ),
-    ),
+        el("span", { class: "why", text: mode ? `${mode} · ${until}` : until }),
+      );
+    }),
   );
   $("detail-queue-empty").hidden = queue.length > 0;
+}
+
+// A shared lock's detail: what it is, its holders by token (each grant's mode) and its queue.
+function renderSharedDetail(detail) {
+  const lock = detail.lock;
+  const kind = !lock ? "" : lock.limit != null ? `semaphore of ${lock.limit} permits` : "read/write lock";
+  const facts = lock
+    ? [
+        ["Kind", kind],
+        ["Holders", String(lock.holders.length)],
+      ]
+    : [["Status", "loading…"]];
+  $("detail-facts").replaceChildren(
+    ...facts.flatMap(([term, value]) => [el("dt", { text: term }), el("dd", { text: value })]),
+  );
+  const holders = lock?.holders ?? [];
+  $("detail-holders-part").hidden = false;
+  $("detail-holders").replaceChildren(
+    ...holders.map((holder, place) => {
+      const token = String(holder.fencing_token);
+      const mode = modeOf(holder.mode, lock.limit);
+      const until = formatClock(Date.parse(holder.expires_at));
+      return el(
+        "li",
+        { "data-owner": holder.owner, "data-token": token, "data-mode": mode },
+        el("span", { text: `${modeLabel({ ...holder, limit: lock.limit }, place + 1)} · ${holder.owner}` }),
+        el("span", { class: "why", text: `#${token} · until ${until}` }),
+      );
+    }),
+  );
+  $("detail-holders-empty").hidden = holders.length > 0;
+  renderQueue(lock?.queue ?? [], lock?.limit ?? null);
 }
 
 function renderExpiring(locks) {
@@ -823,6 +1013,7 @@ function start() {
 
   const at = Date.parse(new URLSearchParams(location.search).get("at") ?? "");
   every(LOCK_POLL_MS, pollLocks);
+  every(LOCK_POLL_MS, pollShared);
   every(SAGA_POLL_MS, pollSagas);
   every(STATS_POLL_MS, pollStats);
   every(STATS_POLL_MS, pollAgentStats);

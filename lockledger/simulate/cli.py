@@ -62,6 +62,12 @@ _SIMULATION_ROWS = [
     ("handoffs_accepted", "... accepted by the forklift, lifted, released"),
     ("handoffs_declined", "... declined by the forklift"),
     ("giver_tokens_refused", "the giver's token tried after its hand-off, and refused"),
+    ("charges", "plugs taken at charging bays (semaphore permits)"),
+    ("inspections", "zones inspected under their read lock"),
+    ("relayouts", "zones re-laid out under their write lock"),
+    ("shared_checked", "shared-lock grants checked: never over a bay's plugs, never a reader with a writer"),
+    ("most_plugs_in_use", "the most plugs of one bay seen in use at once (at most --plugs)"),
+    ("most_inspectors_together", "the most inspectors seen in one zone at once"),
     ("errors", "units of work cut by an unexpected refusal or an unreachable server"),
     ("sagas_unfinished", "sagas still running or compensating past their lease deadline: must be 0"),
     ("violations", "invariant violations: must be 0"),
@@ -80,7 +86,8 @@ def _print_simulation(summary: Summary) -> None:
     held = summary["violations"] == 0
     table = Table(
         title=f"{summary['agents']} AGVs, {summary['pallets']} pallets, {summary['zones']} zones,"
-        f" {summary['elapsed_s']:.1f} s (seed {summary['seed']})",
+        f" {summary['bays']} bays of {summary['plugs']} plugs, {summary['elapsed_s']:.1f} s"
+        f" (seed {summary['seed']})",
         caption="every invariant held" if held else "INVARIANTS VIOLATED",
     )
     for column in ("measure", "count", "what"):
@@ -129,13 +136,35 @@ def simulate(
     decline_probability: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Chance that a forklift declines a hand-off.")
     ] = 0.2,
+    charge_probability: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="Chance that a unit of work not parked is a charge at a bay's plug."
+        ),
+    ] = 0.1,
+    inspect_probability: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Chance that a unit of work not parked nor charging inspects a zone (read lock) or,"
+            " one time in three, re-lays it out (write lock).",
+        ),
+    ] = 0.1,
+    bays: Annotated[
+        int | None, typer.Option(min=1, show_default=False, help="Charging bays (default: agents / 8).")
+    ] = None,
+    plugs: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Plugs per bay: its semaphore's permits.")
+    ] = 4,
     output: FormatOption = Format.TABLE,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """Drive simulated AGVs against a running server through the SDK: pallet-to-zone sagas, and routes
-    reserved all at once whose pallets are handed to forklifts, with contention, crashes and lost
-    answers, checking the lock invariants as they go. Exit 1 on a violation.
+    """Drive simulated AGVs against a running server through the SDK: pallet-to-zone sagas, routes
+    reserved all at once whose pallets are handed to forklifts, charges at bays of a few plugs
+    (semaphores) and zone inspections and re-layouts (read and write locks), with contention, crashes and
+    lost answers, checking the lock invariants as they go. Exit 1 on a violation.
 
     Best against a dev-mode server, where each AGV is its own owner, or with an admin token (then every
     lease is the token's, shared by all AGVs). Ctrl-C stops early (twice: at once) and still summarizes.
@@ -144,6 +173,8 @@ def simulate(
         agents=agents, duration=duration, pallets=pallets, zones=zones, prefix=prefix, seed=seed, ttl=ttl,
         saga_lease=saga_lease, crash_probability=crash_probability, drop_probability=drop_probability,
         route_probability=route_probability, decline_probability=decline_probability,
+        charge_probability=charge_probability, inspect_probability=inspect_probability, bays=bays,
+        plugs=plugs,
     )  # fmt: skip
     stamina.instrumentation.set_on_retry_hooks([])  # the simulation retries on purpose, and counts them
     live = Live(console=stderr, transient=True) if stderr.is_terminal else None

@@ -5,9 +5,9 @@ command (a POST) is sent and processed by the server, and then its answer is thr
 sees ``httpx.ReadTimeout``: the SDK retries under the same Idempotency-Key and gets the stored answer
 again (``Idempotent-Replayed: true``). After ``crash()`` nothing the agent sends leaves the process any
 more (``AgentCrashed``, which the SDK does not retry), so its heartbeats stop and its leases are left to
-the server's reaper, as when a robot loses power. Each release, hand-off and release of a reservation's
-leases is reported to the ledger as it is sent: from that moment the agent no longer acts on the
-resource.
+the server's reaper, as when a robot loses power. Each release (of a lease or a shared lock's grant),
+hand-off and release of a reservation's leases is reported to the ledger as it is sent: from that moment
+the agent no longer acts on the resource.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from lockledger.simulate.ledger import Ledger
 __all__ = ["AgentCrashed", "FaultyTransport", "Wire"]
 
 _LOCKS = "/v1/locks/"
+_SHARED_LOCKS = "/v1/shared-locks/"
 _RESERVATIONS = "/v1/reservations"
 _ENDING = ("/release", "/handoff")  # a lock's commands after which its sender no longer acts on it
 
@@ -87,9 +88,11 @@ class FaultyTransport(httpx.AsyncBaseTransport):
 
     def _report_ending(self, path: str, content: bytes) -> None:
         """Tell the ledger of a release, hand-off or reservation release this command sends."""
-        if path.startswith(_LOCKS) and path.endswith(_ENDING):
-            resource = path[len(_LOCKS) :].rsplit("/", 1)[0]
-            self._ledger.released(resource, int(json.loads(content or b"{}").get("fencing_token", 0)))
+        shared = path.startswith(_SHARED_LOCKS)
+        if (shared or path.startswith(_LOCKS)) and path.endswith(_ENDING):
+            resource = path[len(_SHARED_LOCKS if shared else _LOCKS) :].rsplit("/", 1)[0]
+            token = int(json.loads(content or b"{}").get("fencing_token", 0))
+            self._ledger.released(resource, token, shared=shared)
         elif path.startswith(f"{_RESERVATIONS}/") and path.endswith("/release"):
             for lease in json.loads(content or b"{}").get("leases", []):
                 self._ledger.released(lease["resource"], int(lease["fencing_token"]))

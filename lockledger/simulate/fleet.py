@@ -19,6 +19,13 @@ drives it releasing each zone as it leaves it, and hands the pallet's lease to i
 once more, which the server must refuse. Hand-offs need each agent to be its own owner (a dev-mode
 server): with a token the AGV releases the pallet instead.
 
+With ``charge_probability`` a unit of work is a charge instead: the AGV takes one of the ``plugs``
+permits of a charging bay (``{prefix}bay:charging-{n}``, ``client.semaphore``), waiting briefly for a
+plug, and holds it (with heartbeats) for a while. With ``inspect_probability`` it inspects a zone under
+the zone's read lock (``client.read_lock``, many inspectors at once), or now and then re-lays it out
+under the write lock (``client.write_lock``, alone). These shared locks are locks of their own, beside
+the zones' mutexes that drives and routes take.
+
 Each saga holds a lease of its own (``saga_lease``), heartbeated by the SDK; a saga that an error cut
 short is recovered by the agent before its next unit of work, and one whose orchestrator is gone for
 good (its agent halted at the end of the run) must be finished by the server: compensated, or ``stuck``
@@ -65,7 +72,7 @@ from lockledger.lease import AsyncLease
 from lockledger.records import HandedOff
 from lockledger.saga import AsyncSaga, SagaFailed, Step, StepContext, define, get_saga, list_sagas
 from lockledger.simulate.faults import AgentCrashed, FaultyTransport, Wire
-from lockledger.simulate.ledger import Ledger
+from lockledger.simulate.ledger import EXCLUSIVE, Ledger
 from lockledger_breaker import BreakerConfig, CircuitBreaker, CircuitOpen
 
 __all__ = ["Settings", "Simulation", "Summary"]
@@ -80,6 +87,10 @@ _ROUTE_WAIT_S = 1.0  # the wait for a route's zones, all at once: a route still 
 _ROUTE_ZONES = (2, 3)  # zones on a route (fewer if there are fewer zones)
 _LIFT_S = (0.02, 0.15)  # a forklift lifting a pallet it accepted
 _PARK_TTLS = (0.5, 2.0)  # how long an AGV parks in a zone, in lease lengths (so its heartbeats run)
+_CHARGE_TTLS = (0.5, 1.5)  # how long an AGV charges at a plug, in lease lengths
+_INSPECT_S = (0.1, 0.6)  # an inspection under a zone's read lock
+_RELAYOUT_S = (0.1, 0.4)  # a re-layout under a zone's write lock
+_RELAYOUT_SHARE = 1 / 3  # of the zone visits for inspection, those that re-lay the zone out instead
 _CRASH_AFTER_S = (0.0, 1.5)  # when, in a unit of work, a crash strikes
 _RESTART_TTLS = (0.5, 1.5)  # how long a crashed AGV stays down, in lease lengths: before or after expiry
 _GRACE_S = _PICK_TIMEOUT_S + _DRIVE_TIMEOUT_S + 2.0  # after the time is up, to finish the work at hand
@@ -92,6 +103,7 @@ _SAGA_NAME = "sim-pallet-to-zone"
 # A breaker that reopens soon: lost answers are failures to it, and an AGV must not sit out the run.
 _BREAKER = BreakerConfig(wait_duration_in_open=1.0)
 _FATAL = (Unauthorized, Forbidden)  # a refused token: every agent would fail alike
+_MAX_PLUGS = 10_000  # a semaphore's most permits (the server's)
 
 
 def _refused(detail: str) -> ValidationError:
@@ -115,6 +127,10 @@ class Settings:
     park_probability: float = 0.2  # per unit of work: park in a zone rather than run a saga
     route_probability: float = 0.5  # per unit not parked: a reserved route and a hand-off, not a saga
     decline_probability: float = 0.2  # per hand-off: the forklift declines the pallet
+    charge_probability: float = 0.1  # per unit not parked: charge at a bay's plug (a semaphore's permit)
+    inspect_probability: float = 0.1  # per unit not parked or charging: inspect or re-lay out a zone
+    bays: int | None = None  # charging bays; default: agents // 8 (at least 1)
+    plugs: int = 4  # plugs per bay: the semaphore's permits
 
     @property
     def pallet_count(self) -> int:
@@ -124,17 +140,23 @@ class Settings:
     def zone_count(self) -> int:
         return self.zones if self.zones is not None else max(2, self.agents // 3)
 
+    @property
+    def bay_count(self) -> int:
+        return self.bays if self.bays is not None else max(1, self.agents // 8)
+
     def check(self) -> None:
         """``ValidationError`` (status 0) for settings no simulation can run with."""
-        if self.agents < 1 or self.pallet_count < 1 or self.zone_count < 1:
-            raise _refused("agents, pallets and zones are at least 1")
+        if min(self.agents, self.pallet_count, self.zone_count, self.bay_count, self.plugs) < 1:
+            raise _refused("agents, pallets, zones, bays and plugs are at least 1")
+        if self.plugs > _MAX_PLUGS:
+            raise _refused(f"plugs are at most {_MAX_PLUGS}")
         if not self.duration > 0 or not self.ttl >= 1.0 or not self.saga_lease >= 1.0:
             raise _refused(
                 "duration is seconds > 0, ttl and saga_lease seconds >= 1 (the server's least lease)"
             )
         for name in (
             "crash_probability", "drop_probability", "park_probability", "route_probability",
-            "decline_probability",
+            "decline_probability", "charge_probability", "inspect_probability",
         ):  # fmt: skip
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise _refused(f"{name} is between 0 and 1")
@@ -162,6 +184,9 @@ class Counts:
     handoffs_accepted: int = 0
     handoffs_declined: int = 0
     giver_tokens_refused: int = 0  # the giver's token tried again after the hand-off, and refused
+    charges: int = 0  # plugs taken: a bay's semaphore permits
+    inspections: int = 0  # zones inspected under their read lock
+    relayouts: int = 0  # zones re-laid out under their write lock
     waits_timed_out: int = 0  # a step or a parking gave up waiting for its lock
     leases_lost: int = 0  # a lease found lost while acting under it
     crashes: int = 0
@@ -303,7 +328,8 @@ class Simulation:
         c, w = self.counts, self.wire
         return {
             "agents": self.settings.agents, "pallets": self.settings.pallet_count,
-            "zones": self.settings.zone_count, "prefix": self.settings.prefix, "seed": self._seed,
+            "zones": self.settings.zone_count, "bays": self.settings.bay_count,
+            "plugs": self.settings.plugs, "prefix": self.settings.prefix, "seed": self._seed,
             "elapsed_s": round(time.monotonic() - self._started, 3) if self._started else 0.0,
             "operations": w.requests, "grants": w.grants, "grants_checked": self.ledger.checked,
             "lock_held": w.lock_held, "waits_timed_out": c.waits_timed_out,
@@ -316,6 +342,9 @@ class Simulation:
             "zones_left": c.zones_left, "handoffs_given": c.handoffs_given,
             "handoffs_accepted": c.handoffs_accepted, "handoffs_declined": c.handoffs_declined,
             "giver_tokens_refused": c.giver_tokens_refused,
+            "charges": c.charges, "inspections": c.inspections, "relayouts": c.relayouts,
+            "shared_checked": self.ledger.shared_checked, "most_plugs_in_use": self.ledger.most_permits,
+            "most_inspectors_together": self.ledger.most_readers,
             "reservations_checked": self.ledger.reservations_checked,
             "handoffs_checked": self.ledger.handoffs_checked,
             "errors": c.errors, "sagas_unfinished": c.sagas_unfinished,
@@ -404,10 +433,15 @@ class Simulation:
                 cut = None
             sequence += 1
             saga_id: str | None = None
+            # (no draw for a kind of work whose probability is 0: a seed makes the same choices as before
+            # it existed)
             if rng.random() < self.settings.park_probability:
                 work = asyncio.create_task(self._park(life, rng))
+            elif self.settings.charge_probability and rng.random() < self.settings.charge_probability:
+                work = asyncio.create_task(self._charge(life, rng))
+            elif self.settings.inspect_probability and rng.random() < self.settings.inspect_probability:
+                work = asyncio.create_task(self._inspect(life, rng))
             elif self.settings.route_probability and rng.random() < self.settings.route_probability:
-                # (no draw at 0: a seed makes the same choices as before routes existed)
                 work = asyncio.create_task(self._route(life, rng))
             else:
                 saga_id = f"sim-{self._run}-{index:02d}-{life.number}-{sequence}"
@@ -446,12 +480,65 @@ class Simulation:
 
     async def _park(self, life: _Incarnation, rng: random.Random) -> bool:
         """Park in a zone for a while; whether an error cut it short."""
-        zone = self._zone(rng)
+        lease = life.client.lock(self._zone(rng), ttl=self.settings.ttl, wait=_PARK_WAIT_S)
+
+        def parked(lease: AsyncLease) -> None:
+            self._observe(life, lease)
+            self.counts.parked += 1
+
+        ttl = self.settings.ttl
+        return await self._hold(life, lease, parked, rng, (_PARK_TTLS[0] * ttl, _PARK_TTLS[1] * ttl))
+
+    # --- charging, inspecting, re-laying out: shared locks ----------------------------------------------
+
+    async def _charge(self, life: _Incarnation, rng: random.Random) -> bool:
+        """Charge at a plug of a bay (a permit of its semaphore) for a while; whether an error cut it
+        short."""
+        bay, plugs, ttl = self._bay(rng), self.settings.plugs, self.settings.ttl
+        permit = life.client.semaphore(bay, plugs, ttl=ttl, wait=_PARK_WAIT_S)
+
+        def charging(permit: AsyncLease) -> None:
+            self._observe_shared(life, permit, "shared", plugs)
+            self.counts.charges += 1
+
+        return await self._hold(life, permit, charging, rng, (_CHARGE_TTLS[0] * ttl, _CHARGE_TTLS[1] * ttl))
+
+    async def _inspect(self, life: _Incarnation, rng: random.Random) -> bool:
+        """Inspect a zone under its read lock, or re-lay it out under its write lock; whether an error cut
+        it short."""
+        zone, ttl = self._zone(rng), self.settings.ttl
+        if rng.random() < _RELAYOUT_SHARE:
+            lease, mode, span = (
+                life.client.write_lock(zone, ttl=ttl, wait=_PARK_WAIT_S),
+                EXCLUSIVE,
+                _RELAYOUT_S,
+            )
+        else:
+            lease, mode, span = life.client.read_lock(zone, ttl=ttl, wait=_PARK_WAIT_S), "shared", _INSPECT_S
+
+        def inspecting(lease: AsyncLease) -> None:
+            self._observe_shared(life, lease, mode, None)
+            if mode == EXCLUSIVE:
+                self.counts.relayouts += 1
+            else:
+                self.counts.inspections += 1
+
+        return await self._hold(life, lease, inspecting, rng, span)
+
+    async def _hold(
+        self,
+        life: _Incarnation,
+        lease: AsyncLease,
+        held: Callable[[AsyncLease], None],
+        rng: random.Random,
+        seconds: tuple[float, float],
+    ) -> bool:
+        """Take ``lease``, tell ``held``, act under it for a while; whether an error cut it short. A lock
+        still taken after the wait counts as a wait that timed out."""
         try:
-            async with life.client.lock(zone, ttl=self.settings.ttl, wait=_PARK_WAIT_S) as lease:
-                self._observe(life, lease)
-                self.counts.parked += 1
-                await asyncio.sleep(rng.uniform(*_PARK_TTLS) * self.settings.ttl)
+            async with lease:
+                held(lease)
+                await asyncio.sleep(rng.uniform(*seconds))
                 self._check(lease)
         except LockHeld:
             self.counts.waits_timed_out += 1
@@ -643,6 +730,10 @@ class Simulation:
         if not life.transport.crashed:
             self.ledger.granted(lease.resource, lease.fencing_token, life.holder, lease)
 
+    def _observe_shared(self, life: _Incarnation, lease: AsyncLease, mode: str, limit: int | None) -> None:
+        if not life.transport.crashed:
+            self.ledger.shared_granted(lease.resource, lease.fencing_token, life.holder, lease, mode, limit)
+
     def _check(self, lease: _Checked) -> None:
         if lease.lost.is_set():
             self.counts.leases_lost += 1
@@ -653,6 +744,9 @@ class Simulation:
 
     def _zone(self, rng: random.Random) -> str:
         return f"{self.settings.prefix}zone:{rng.randrange(self.settings.zone_count)}"
+
+    def _bay(self, rng: random.Random) -> str:
+        return f"{self.settings.prefix}bay:charging-{rng.randrange(self.settings.bay_count)}"
 
     def _route_zones(self, rng: random.Random) -> list[str]:
         """Two or three distinct zones, in driving order (fewer when there are fewer zones)."""

@@ -1,8 +1,9 @@
 """`lockledger simulate`: a short, fault-heavy run against a real dev-mode server keeps every invariant,
 and the server's own log agrees with what the simulator counted, with sagas alone and with reserved
-routes and hand-offs; the invariant ledger fails when two agents are handed one resource at once, a
-reservation is granted in part or a hand-off's token is not above the giver's, so its zero means
-something."""
+routes, hand-offs, charging bays (semaphores) and zone inspections (read/write locks); the invariant
+ledger fails when two agents are handed one resource at once, a reservation is granted in part, a
+hand-off's token is not above the giver's, a bay has more holders than plugs or a reader holds with a
+writer, so its zero means something."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def test_a_short_simulation_with_every_fault_keeps_the_invariants_and_agrees_wit
 ) -> None:
     run = _simulate(
         server, unique_prefix, "--pallets", str(PALLETS), "--zones", str(ZONES), "--crash-probability", "0.3",
-        "--drop-probability", "0.2", "--route-probability", "0",
+        "--drop-probability", "0.2", "--route-probability", "0", "--charge-probability", "0",
+        "--inspect-probability", "0",
     )  # fmt: skip
 
     assert run.returncode == 0, run.stderr
@@ -109,19 +111,22 @@ def test_a_short_simulation_with_every_fault_keeps_the_invariants_and_agrees_wit
 
 
 # Routes of two or three zones out of eight: routes still cross, so some reservations wait or are refused,
-# and most get through. Every unit of work not parked is a route and half the hand-offs are declined.
-# Measured with these settings: 18 hand-offs, 8 accepted and 10 declined, 19 routes reserved, 8 refused.
-ROUTE_PALLETS, ROUTE_ZONES = 8, 8
+# and most get through. Every unit of work not parked, charging or inspecting is a route and half the
+# hand-offs are declined. One bay of two plugs for six AGVs, so charges wait for a plug.
+# Measured with these settings (four runs): 8-12 hand-offs, 3-5 accepted and 5-9 declined, 9-13 routes
+# reserved, 1-2 refused; 4-7 charges (2 plugs in use at once), 6-11 inspections, 1-3 re-layouts.
+ROUTE_PALLETS, ROUTE_ZONES, PLUGS = 8, 8, 2
 
 
 @pytest.mark.slow
-def test_a_short_simulation_reserves_routes_and_hands_pallets_off_keeping_the_invariants(
+def test_a_short_simulation_reserves_routes_hands_off_charges_and_inspects_keeping_the_invariants(
     server: ServerProcess, unique_prefix: str
 ) -> None:
     run = _simulate(
         server, unique_prefix, "--pallets", str(ROUTE_PALLETS), "--zones", str(ROUTE_ZONES),
         "--crash-probability", "0.1", "--drop-probability", "0.1", "--route-probability", "1",
-        "--decline-probability", "0.5",
+        "--decline-probability", "0.5", "--charge-probability", "0.2", "--inspect-probability", "0.35",
+        "--bays", "1", "--plugs", str(PLUGS),
     )  # fmt: skip
 
     assert run.returncode == 0, run.stderr
@@ -137,6 +142,11 @@ def test_a_short_simulation_reserves_routes_and_hands_pallets_off_keeping_the_in
     assert summary["handoffs_accepted"] + summary["handoffs_declined"] <= summary["handoffs_given"]
     assert 0 < summary["giver_tokens_refused"] <= summary["handoffs_given"]
     assert summary["sagas_started"] == 0
+    assert summary["charges"] > 0
+    assert summary["inspections"] > 0
+    assert summary["relayouts"] > 0
+    assert summary["shared_checked"] > 0
+    assert 0 < summary["most_plugs_in_use"] <= PLUGS
 
     with httpx.Client(base_url=server.base_url, timeout=30.0) as http:
         handed_off = reserved = 0
@@ -260,6 +270,42 @@ def test_the_ledger_accepts_an_honest_reservation_and_hand_off() -> None:
 
     assert (ledger.reservations_checked, ledger.handoffs_checked, ledger.checked) == (1, 1, 5)
     assert ledger.violations == 0, ledger.examples
+
+
+def test_the_ledger_flags_a_permit_over_the_limit_and_a_reader_with_a_writer() -> None:
+    ledger = Ledger(_Clock())
+    for token, agv in enumerate(("agv-1#1", "agv-2#1", "agv-3#1"), start=1):
+        ledger.shared_granted("bay:charging-0", token, agv, _Lease(deadline=110.0), "shared", 2)
+    ledger.shared_granted("zone:1", 1, "inspector-1#1", _Lease(deadline=110.0), "shared", None)
+    ledger.shared_granted("zone:1", 2, "relayout-1#1", _Lease(deadline=110.0), "exclusive", None)
+    ledger.shared_granted("zone:1", 3, "inspector-2#1", _Lease(deadline=110.0), "shared", None)
+
+    assert ledger.examples == [
+        "shared/bay:charging-0: agv-3#1 granted token 3 as grant 3 of 2",
+        "shared/zone:1: relayout-1#1 granted token 2 while inspector-1#1 still holds token 1 for 10.000 s",
+        "shared/zone:1: inspector-2#1 granted token 3 while relayout-1#1 still holds token 2 for 10.000 s",
+    ]
+    assert ledger.most_permits == 3
+
+
+def test_the_ledger_accepts_readers_together_permits_up_to_the_limit_and_a_writer_after_them() -> None:
+    """Readers and permits hold together; a writer follows their release; a shared lock is not the mutex
+    of the same name, and tokens increase across both modes."""
+    ledger = Ledger(_Clock())
+    ledger.shared_granted("bay:charging-0", 1, "agv-1#1", _Lease(deadline=110.0), "shared", 2)
+    ledger.shared_granted("bay:charging-0", 2, "agv-2#1", _Lease(deadline=110.0), "shared", 2)
+    ledger.released("bay:charging-0", 1, shared=True)
+    ledger.shared_granted("bay:charging-0", 3, "agv-3#1", _Lease(deadline=110.0), "shared", 2)
+    ledger.shared_granted("zone:1", 1, "inspector-1#1", _Lease(deadline=110.0), "shared", None)
+    ledger.shared_granted("zone:1", 2, "inspector-2#1", _Lease(deadline=110.0), "shared", None)
+    ledger.granted("zone:1", 1, "agv-4#1", _Lease(deadline=110.0))  # the zone's mutex: another lock
+    for token in (1, 2):
+        ledger.released("zone:1", token, shared=True)
+    ledger.shared_granted("zone:1", 3, "relayout-1#1", _Lease(deadline=110.0), "exclusive", None)
+
+    assert ledger.violations == 0, ledger.examples
+    assert (ledger.shared_checked, ledger.checked) == (6, 7)
+    assert (ledger.most_permits, ledger.most_readers) == (2, 2)
 
 
 def test_the_ledger_accepts_every_honest_handover() -> None:

@@ -117,6 +117,52 @@ async def test_a_semaphore_grants_up_to_its_limit_and_every_holder_agrees_on_it(
     assert again.status_code == 201, again.text
 
 
+async def test_the_list_pages_through_live_grants_by_resource_then_token(
+    http: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """Readers, a writer and a semaphore's permits, listed by resource then token, filtered by prefix or
+    holder, a page at a time; a released grant is not listed."""
+    zone, bay, writer_zone = (f"{unique_prefix}{name}" for name in ("zone:A", "bay:1", "zone:B"))
+    taken = [
+        await _acquire(http, zone, "inspector-1", mode="shared", ttl_ms=20_000),
+        await _acquire(http, zone, "inspector-2", mode="shared", ttl_ms=20_000),
+        await _acquire(http, bay, "agv-1", mode="shared", limit=4, ttl_ms=20_000),
+        await _acquire(http, writer_zone, "relayout", mode="exclusive", ttl_ms=20_000),
+    ]
+    assert all(t.status_code == 201 for t in taken), [t.text for t in taken]
+    gone = await _acquire(http, bay, "agv-2", mode="shared", limit=4, ttl_ms=20_000)
+    assert (await _release(http, bay, "agv-2", gone.json()["fencing_token"])).status_code == 200
+
+    every = (await http.get("/v1/shared-locks", params={"prefix": unique_prefix})).json()
+    listed = [(g["resource"], g["owner"], g["mode"], g["limit"], g["fencing_token"]) for g in every["items"]]
+    assert listed == [
+        (bay, "agv-1", "shared", 4, 1),
+        (zone, "inspector-1", "shared", None, 1),
+        (zone, "inspector-2", "shared", None, 2),
+        (writer_zone, "relayout", "exclusive", None, 1),
+    ]
+    assert every["next_cursor"] is None
+    first = every["items"][0]
+    assert first["expires_at"] > every["at"] >= first["granted_at"]
+
+    pages, cursor = [], None
+    while True:
+        params: dict[str, str | int] = {"prefix": unique_prefix, "limit": 1}
+        if cursor is not None:
+            params["cursor"] = cursor
+        page = (await http.get("/v1/shared-locks", params=params)).json()
+        pages += [(g["resource"], g["fencing_token"]) for g in page["items"]]
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert pages == [(r, t) for r, _, _, _, t in listed]
+
+    mine = (await http.get("/v1/shared-locks", params={"holder": "inspector-2"})).json()["items"]
+    assert [(g["resource"], g["owner"]) for g in mine if g["resource"].startswith(unique_prefix)] == [
+        (zone, "inspector-2")
+    ]
+    assert_problem(await http.get("/v1/shared-locks", params={"cursor": "no-token"}), 422, "validation_error")
+
+
 async def test_bad_requests_are_422(http: httpx.AsyncClient, resource: str) -> None:
     for body in ({"mode": "read"}, {"mode": "shared", "limit": 0}, {"mode": "shared", "limit": 10_001}):
         assert_problem(await _acquire(http, resource, "agv-1", **body), 422, "validation_error")
@@ -223,6 +269,10 @@ async def test_with_tokens_the_owner_is_the_caller(
         assert_problem(refused, 403, "forbidden")
         seen = await client.get(f"/v1/shared-locks/{resource}", headers={"Authorization": f"Bearer {viewer}"})
         assert seen.status_code == 200
+        listed = await client.get(
+            "/v1/shared-locks", params={"prefix": resource}, headers={"Authorization": f"Bearer {viewer}"}
+        )
+        assert [g["owner"] for g in listed.json()["items"]] == [f"{unique_prefix}agv-1"]
         done = await client.post(
             f"/v1/shared-locks/{resource}/release", json=token, headers={"Authorization": f"Bearer {mine}"}
         )

@@ -1,7 +1,8 @@
 """The dashboard in a real browser (Debian's Chromium through Playwright) against a real server.
 
 The page loads without console errors; a lock acquired through the API appears within a second and its
-release removes it; the time slider shows the fleet before and after the acquire; a stuck saga is listed;
+release removes it; shared-lock grants show with their mode and a shared lock's detail its holders and
+queue; the time slider shows the fleet before and after the acquire; a stuck saga is listed;
 with authentication on, the token form takes a dashboard token. Every test leaves a screenshot in
 ``.artifacts/ui/`` (the README's is made from the simulator: ``docs/img/dashboard_screenshot.py``).
 Chromium is never downloaded: without ``/usr/bin/chromium`` the tests skip
@@ -348,6 +349,102 @@ async def test_reserved_locks_show_their_reservation_and_a_lock_its_queue_in_ord
     await api.post(
         f"/v1/locks/{a2}/release", json={"owner": "agv-5", "fencing_token": first.json()["fencing_token"]}
     )
+    assert (await waiters[1]).status_code == 201
+    assert tab.errors == []
+
+
+def shared_row(page: Page, resource: str, token: int) -> Any:
+    return page.locator(f'#shared tbody tr[data-resource="{resource}"][data-token="{token}"]')
+
+
+async def acquire_shared(
+    api: httpx.AsyncClient, resource: str, owner: str, mode: str, limit: int | None = None
+) -> Any:
+    body = {"owner": owner, "mode": mode, "limit": limit, "ttl_ms": 60_000}
+    response = await api.post(f"/v1/shared-locks/{resource}/acquire", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+async def release_shared(api: httpx.AsyncClient, grant: Any) -> None:
+    response = await api.post(
+        f"/v1/shared-locks/{grant['resource']}/release",
+        json={"owner": grant["owner"], "fencing_token": grant["fencing_token"]},
+    )
+    assert response.status_code == 200, response.text
+
+
+async def test_shared_locks_show_each_grant_with_its_mode_and_a_lock_its_holders_and_queue(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """A charging bay's permits taken before the page opened (from the list) and a zone's readers taken
+    after (from the feed) show with their mode badge, owner and token; the zone's detail lists its
+    holders and its queue with each waiter's mode (a writer, then a reader behind it); releasing the
+    readers hands the zone to the writer, and a released permit leaves the table."""
+    bay, zone = f"{unique_prefix}bay:charging-1", f"{unique_prefix}zone:A3"
+    permits = [await acquire_shared(api, bay, f"agv-{n}", "shared", limit=4) for n in (1, 2)]
+    await tab.open(f"{server.base_url}/ui")
+    for place, permit in enumerate(permits, start=1):
+        row = shared_row(tab.page, bay, permit["fencing_token"])
+        await expect(row.locator(".mode")).to_have_text(f"permit {place} of 4", timeout=LOADED_MS)
+        await expect(row).to_contain_text(permit["owner"])
+
+    readers = [await acquire_shared(api, zone, f"inspector-{n}", "shared") for n in (1, 2)]
+    for reader in readers:
+        row = shared_row(tab.page, zone, reader["fencing_token"])
+        await expect(row.locator(".mode")).to_have_text("read", timeout=WITHIN_A_SECOND_MS)
+        await expect(row.locator(".mode")).to_have_attribute("data-mode", "read")
+        await expect(row.locator("td").nth(2)).to_have_text(reader["owner"])
+        await expect(row.locator("td").nth(3)).to_have_text(str(reader["fencing_token"]))
+        await expect(row.locator(".secs")).to_have_text(re.compile(r"\d+\.\d s"))
+    await expect(tab.page.locator("#count-shared")).not_to_have_text("0")
+
+    waiters = []
+    for owner, mode in (("relayout-1", "exclusive"), ("inspector-3", "shared")):
+        body = {"owner": owner, "mode": mode, "ttl_ms": 60_000, "wait_ms": 30_000}
+        waiters.append(asyncio.create_task(api.post(f"/v1/shared-locks/{zone}/acquire", json=body)))
+        for _ in range(200):  # until it is queued, by the API's answer
+            if len((await api.get(f"/v1/shared-locks/{zone}")).json()["queue"]) >= len(waiters):
+                break
+            await asyncio.sleep(0.05)
+
+    await shared_row(tab.page, zone, readers[0]["fencing_token"]).locator("td.resource").click()
+    detail = tab.page.locator("#detail-card")
+    await expect(detail.locator("#detail-resource")).to_have_text(zone)
+    await expect(detail.locator("#detail-facts")).to_contain_text("read/write lock")
+    holders = detail.locator("#detail-holders li")
+    await expect(holders).to_have_count(2, timeout=LOADED_MS)
+    await expect(holders.nth(0)).to_contain_text("read · inspector-1")
+    queued = detail.locator("#detail-queue li")
+    await expect(queued).to_have_count(2, timeout=LOADED_MS)
+    await expect(queued.nth(0)).to_contain_text("1. relayout-1")
+    await expect(queued.nth(0)).to_contain_text("write · waits until")
+    await expect(queued.nth(1)).to_contain_text("2. inspector-3")
+    await expect(queued.nth(1)).to_have_attribute("data-mode", "read")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await tab.page.screenshot(path=ARTIFACTS / "shared-locks.png", full_page=True)
+
+    for reader in readers:
+        await release_shared(api, reader)
+    writer = await waiters[0]
+    assert writer.status_code == 201, writer.text
+    row = shared_row(tab.page, zone, writer.json()["fencing_token"])
+    await expect(row.locator(".mode")).to_have_text("write", timeout=WITHIN_A_SECOND_MS)
+    await expect(row).to_contain_text("relayout-1")
+    for reader in readers:
+        await expect(shared_row(tab.page, zone, reader["fencing_token"])).to_have_count(0)
+    await expect(holders).to_have_count(1, timeout=LOADED_MS)
+    await expect(holders.nth(0)).to_contain_text("write · relayout-1")
+    await expect(queued).to_have_count(1, timeout=LOADED_MS)
+
+    await release_shared(api, permits[0])
+    await expect(shared_row(tab.page, bay, permits[0]["fencing_token"])).to_have_count(
+        0, timeout=WITHIN_A_SECOND_MS
+    )
+    await expect(shared_row(tab.page, bay, permits[1]["fencing_token"]).locator(".mode")).to_have_text(
+        "permit 1 of 4"
+    )
+    await release_shared(api, writer.json())
     assert (await waiters[1]).status_code == 201
     assert tab.errors == []
 
