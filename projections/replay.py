@@ -59,12 +59,25 @@ def _no_event_after(grant: str, instant: str) -> str:
            AND n.recorded_at <= {instant})"""
 
 
-def _filters(alias: str, prefix: str, owner: str, *, giver: bool = False) -> str:
-    """SQL: the event ``alias`` is on a stream starting with ``prefix`` and names ``owner`` (each NULL:
-    any): as its holder, or with ``giver``, also as the giver of a hand-off (``from_owner``), so an
-    agent's changes and export show the hand-offs it gave; a lease held is filtered by its holder alone."""
+def _no_grant_event_after(grant: str, instant: str, token: str | None = None) -> str:
+    """SQL: nothing was recorded after the shared-lock event ``grant`` for its grant (``token``, or its
+    payload's), at or before ``instant``."""
+    token = token or f"({grant}.data ->> 'fencing_token')::bigint"
+    return f"""NOT EXISTS (
+        SELECT 1 FROM events n
+         WHERE n.stream_id = {grant}.stream_id AND n.event_type IN ({_SHARED_EVENTS})
+           AND (n.data ->> 'fencing_token')::bigint = {token}
+           AND n.stream_version > {grant}.stream_version AND n.recorded_at <= {instant})"""
+
+
+def _filters(alias: str, prefix: str, owner: str, *, giver: bool = False, shared: bool = False) -> str:
+    """SQL: the event ``alias`` is on a stream starting with ``prefix`` (with ``shared``, also a shared
+    lock's whose resource does) and names ``owner`` (each NULL: any): as its holder, or with ``giver``,
+    also as the giver of a hand-off (``from_owner``), so an agent's changes and export show the hand-offs
+    it gave; a lease held is filtered by its holder alone."""
     gave = f" OR {alias}.data ->> 'from_owner' = {owner}" if giver else ""
-    return f"""({prefix}::text IS NULL OR starts_with({alias}.stream_id, {prefix}))
+    also = f" OR starts_with({alias}.stream_id, '{STREAM_PREFIX}' || {prefix})" if shared else ""
+    return f"""({prefix}::text IS NULL OR starts_with({alias}.stream_id, {prefix}){also})
        AND ({owner}::text IS NULL OR {alias}.data ->> 'owner' = {owner}{gave})"""
 
 
@@ -152,11 +165,7 @@ _SHARED_AT = f"""
                AND (a.data ->> 'fencing_token')::bigint = g.fencing_token
                AND a.event_type = '{SHARED_ACQUIRED}'
              LIMIT 1) AS a ON true
-     WHERE NOT EXISTS (
-            SELECT 1 FROM events n
-             WHERE n.stream_id = g.stream_id AND n.event_type IN ({_SHARED_EVENTS})
-               AND (n.data ->> 'fencing_token')::bigint = g.fencing_token
-               AND n.stream_version > g.stream_version AND n.recorded_at <= $1)
+     WHERE {_no_grant_event_after("g", "$1", "g.fencing_token")}
      ORDER BY g.stream_id, g.fencing_token
      LIMIT $5 + 1"""
 STATE_SQL = _answer(f"""
@@ -270,16 +279,18 @@ async def state_at(
     return StateAt(at, answer["position"], answer["locks"], answer["next_cursor"], source)
 
 
-# Events recorded in ($1, $2], and the leases whose deadline passed in ($1, $2] with nothing recorded for
-# them by $2, in time order; a page after the cursor (at, position or the largest bigint for a lapse,
-# resource).
+# Events recorded in ($1, $2], and the leases and shared grants whose deadline passed in ($1, $2] with
+# nothing recorded for them by $2, in time order; a page after the cursor (at, position or the largest
+# bigint for a lapse, stream). A shared lock's changes name its stream (``shared/<resource>``), and the
+# prefix $3 matches them by resource.
 CHANGES_SQL = f"""
 SELECT * FROM (
     SELECT e.recorded_at AS at, e.event_type AS type, e.stream_id AS resource, e.data ->> 'owner' AS owner,
            (e.data ->> 'fencing_token')::bigint AS fencing_token, e.position, e.stream_version AS version,
            e.data::text AS data, e.position AS sort_position
       FROM events e
-     WHERE e.recorded_at > $1 AND e.recorded_at <= $2 AND {_filters("e", "$3", "$4", giver=True)}
+     WHERE e.recorded_at > $1 AND e.recorded_at <= $2
+       AND {_filters("e", "$3", "$4", giver=True, shared=True)}
     UNION ALL
     SELECT event_deadline(g.data), '{LEASE_LAPSED}', g.stream_id, g.data ->> 'owner',
            (g.data ->> 'fencing_token')::bigint, NULL, NULL, g.data::text, 9223372036854775807
@@ -288,6 +299,15 @@ SELECT * FROM (
        AND event_deadline(g.data) > $1 AND event_deadline(g.data) <= $2
        AND {_filters("g", "$3", "$4")}
        AND {_no_event_after("g", "$2")}
+    UNION ALL
+    SELECT event_deadline(g.data), '{LEASE_LAPSED}', g.stream_id, g.data ->> 'owner',
+           (g.data ->> 'fencing_token')::bigint, NULL, NULL, g.data::text, 9223372036854775807
+      FROM events g
+     WHERE g.event_type IN ({_SHARED_GRANTS}) AND {_SPAN} && tstzrange($1, $2, '(]')
+       AND event_deadline(g.data) > $1 AND event_deadline(g.data) <= $2
+       AND ($3::text IS NULL OR starts_with(g.stream_id, '{STREAM_PREFIX}' || $3))
+       AND ($4::text IS NULL OR g.data ->> 'owner' = $4)
+       AND {_no_grant_event_after("g", "$2")}
 ) AS c
  WHERE $5::timestamptz IS NULL OR (c.at, c.sort_position, c.resource) > ($5, $6::bigint, $7::text)
  ORDER BY c.at, c.sort_position, c.resource
@@ -315,8 +335,8 @@ class ChangePage:
 
 _LAPSE_SORT = 2**63 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# A changes cursor: microseconds since 1970, position (the largest bigint for a lapse), resource.
-CHANGE_CURSOR_PATTERN = r"^\d{1,15}\.\d{1,19}\.[A-Za-z0-9._:\-]{1,200}$"
+# A changes cursor: microseconds since 1970, position (the largest bigint for a lapse), stream.
+CHANGE_CURSOR_PATTERN = r"^\d{1,15}\.\d{1,19}\.[A-Za-z0-9._:/\-]{1,207}$"  # "/": a shared lock's stream
 
 
 def _change_cursor(change: Change) -> str:

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from eventstore.dburl import asyncpg_dsn
 from projections.holding_periods import HOLDING_PERIODS
 from projections.projector import Projector
-from projections.replay import LOG, PROJECTION, state_at
+from projections.replay import LOG, PROJECTION, LiveLease, state_at
 from tests.replay.histories import Logged, Step, steps, write_history
 
 pytestmark = pytest.mark.storage
@@ -73,6 +73,20 @@ def _instants(logged: list[Logged], start: datetime) -> list[datetime]:
     return marks
 
 
+async def _paged(conn: asyncpg.Connection, at: datetime, prefix: str, source: str) -> list[LiveLease]:
+    """The leases live at ``at``, two a page, following the cursor (a shared grant's: resource/token)."""
+    leases: list[LiveLease] = []
+    cursor = None
+    while True:
+        page = await state_at(
+            conn, at, prefix=prefix, cursor=cursor, limit=2, use_projection=source == PROJECTION
+        )
+        leases += page.locks
+        if page.next_cursor is None:
+            return leases
+        cursor = page.next_cursor
+
+
 @pytest.mark.parametrize("source", [LOG, PROJECTION])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(story=steps)
@@ -103,6 +117,7 @@ async def test_replay_equals_a_fold_of_the_log(
                 for lease in found.locks
             ]
             assert got == _fold(logged, at), at
+            assert await _paged(conn, at, prefix, source) == found.locks, at
             expected_position = await conn.fetchval(
                 "SELECT coalesce(max(position), 0) FROM events WHERE recorded_at <= $1", at
             )
