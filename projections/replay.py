@@ -335,8 +335,9 @@ class ChangePage:
 
 _LAPSE_SORT = 2**63 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# A changes cursor: microseconds since 1970, position (the largest bigint for a lapse), stream.
-CHANGE_CURSOR_PATTERN = r"^\d{1,15}\.\d{1,19}\.[A-Za-z0-9._:/\-]{1,207}$"  # "/": a shared lock's stream
+# A changes cursor: microseconds since 1970 (16 digits from 2001 to 2286), position (the largest bigint
+# for a lapse), stream ("/": a shared lock's).
+CHANGE_CURSOR_PATTERN = r"^\d{1,16}\.\d{1,19}\.[A-Za-z0-9._:/\-]{1,207}$"
 
 
 def _change_cursor(change: Change) -> str:
