@@ -118,6 +118,8 @@ async def test_replay_equals_a_fold_of_the_log(
             ]
             assert got == _fold(logged, at), at
             assert await _paged(conn, at, prefix, source) == found.locks, at
+            held = await state_at(conn, at, prefix=prefix, owner="agv-1", use_projection=source == PROJECTION)
+            assert held.locks == [lease for lease in found.locks if lease.owner == "agv-1"], at
             expected_position = await conn.fetchval(
                 "SELECT coalesce(max(position), 0) FROM events WHERE recorded_at <= $1", at
             )
