@@ -280,9 +280,9 @@ async def state_at(
 
 
 # Events recorded in ($1, $2], and the leases and shared grants whose deadline passed in ($1, $2] with
-# nothing recorded for them by $2, in time order; a page after the cursor (at, position or the largest
-# bigint for a lapse, stream). A shared lock's changes name its stream (``shared/<resource>``), and the
-# prefix $3 matches them by resource.
+# nothing recorded for them by $2, in time order; a page after the cursor (at, position or for a lapse
+# the largest bigint, less a shared grant's token, stream). A shared lock's changes name its stream
+# (``shared/<resource>``), and the prefix $3 matches them by resource.
 CHANGES_SQL = f"""
 SELECT * FROM (
     SELECT e.recorded_at AS at, e.event_type AS type, e.stream_id AS resource, e.data ->> 'owner' AS owner,
@@ -299,9 +299,10 @@ SELECT * FROM (
        AND event_deadline(g.data) > $1 AND event_deadline(g.data) <= $2
        AND {_filters("g", "$3", "$4")}
        AND {_no_event_after("g", "$2")}
-    UNION ALL
+    UNION ALL  -- a shared lock's lapses sort by token: several of its grants may lapse at one instant
     SELECT event_deadline(g.data), '{LEASE_LAPSED}', g.stream_id, g.data ->> 'owner',
-           (g.data ->> 'fencing_token')::bigint, NULL, NULL, g.data::text, 9223372036854775807
+           (g.data ->> 'fencing_token')::bigint, NULL, NULL, g.data::text,
+           9223372036854775807 - (g.data ->> 'fencing_token')::bigint
       FROM events g
      WHERE g.event_type IN ({_SHARED_GRANTS}) AND {_SPAN} && tstzrange($1, $2, '(]')
        AND event_deadline(g.data) > $1 AND event_deadline(g.data) <= $2
@@ -335,15 +336,15 @@ class ChangePage:
 
 _LAPSE_SORT = 2**63 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# A changes cursor: microseconds since 1970 (16 digits from 2001 to 2286), position (the largest bigint
-# for a lapse), stream ("/": a shared lock's).
+# A changes cursor: microseconds since 1970 (16 digits from 2001 to 2286), position (for a lapse, the
+# largest bigint, less a shared grant's token), stream ("/": a shared lock's).
 CHANGE_CURSOR_PATTERN = r"^\d{1,16}\.\d{1,19}\.[A-Za-z0-9._:/\-]{1,207}$"
 
 
-def _change_cursor(change: Change) -> str:
-    position = change.position if change.position is not None else _LAPSE_SORT
-    micros = (change.at - _EPOCH) // timedelta(microseconds=1)
-    return f"{micros}.{position}.{change.resource}"
+def _change_cursor(row: Any) -> str:
+    """The cursor after the change of CHANGES_SQL's ``row``."""
+    micros = (row["at"] - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros}.{row['sort_position']}.{row['resource']}"
 
 
 def parse_change_cursor(cursor: str) -> tuple[datetime, int, str]:
@@ -372,7 +373,7 @@ async def changes(
         )
         for r in rows[:limit]
     ]  # fmt: skip
-    return ChangePage(items, _change_cursor(items[-1]) if len(rows) > limit else None)
+    return ChangePage(items, _change_cursor(rows[limit - 1]) if len(rows) > limit else None)
 
 
 @dataclass(frozen=True, slots=True)

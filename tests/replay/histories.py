@@ -125,7 +125,7 @@ def _shared_command(kind: str, index: int, owner: str, ttl_ms: int, state: Share
     return ReleaseShared(state.resource, owner, token)
 
 
-async def _append(
+async def append_event(
     conn: Connection,
     stream: str,
     version: int,
@@ -134,6 +134,7 @@ async def _append(
     metadata: dict[str, str],
     now: datetime,
 ) -> Logged:
+    """Append an event as it was recorded at ``now``, as the owner of the schema may."""
     position = await conn.fetchval(
         """INSERT INTO events (stream_id, stream_version, event_type, data, metadata, recorded_at)
            VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, $6) RETURNING position""",
@@ -160,7 +161,7 @@ async def write_history(conn: Connection, prefix: str, start: datetime, story: l
             for shared_event in stamp_shared(decided, now):
                 lock = evolve_shared(lock, shared_event)
                 logged.append(
-                    await _append(
+                    await append_event(
                         conn, shared_stream(lock.resource), lock.version, shared_event.type,
                         shared_event_payload(shared_event), {}, now,
                     )
@@ -180,6 +181,8 @@ async def write_history(conn: Connection, prefix: str, start: datetime, story: l
             data = event_payload(event)
             reserved = kind == "acquire" and data["owner"] == "agv-1"
             metadata = {"reservation_id": f"trip-{len(logged)}"} if reserved else {}
-            logged.append(await _append(conn, state.resource, state.version, event.type, data, metadata, now))
+            logged.append(
+                await append_event(conn, state.resource, state.version, event.type, data, metadata, now)
+            )
         states[index] = state
     return logged
