@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -281,6 +281,14 @@ class ReplayLease(BaseModel):
     saga_step: str | None = None
     reservation_id: str | None = Field(
         default=None, description="The reservation the lease was taken in, if any."
+    )
+    mode: Literal["shared", "exclusive"] | None = Field(
+        default=None,
+        description="A shared-lock grant's mode (`/v1/shared-locks`); null for a mutex lease, and for a"
+        " grant whose acquire is in an archived partition.",
+    )
+    limit: int | None = Field(
+        default=None, description="A shared-lock grant's limit (a semaphore's permits); null otherwise."
     )
 
 

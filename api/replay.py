@@ -21,7 +21,7 @@ from api.auth import require
 from api.models import AgentEvent, AgentHistory, Change, Changes, Instant, ReplayState
 from api.request_checks import StrictRoute
 from domain.access import Action
-from domain.resource import OWNER_PATTERN, RESOURCE_PATTERN
+from domain.resource import OWNER_PATTERN
 from domain.timestamps import format_timestamp
 from eventstore.connection import Connection
 from projections import replay
@@ -70,12 +70,21 @@ async def state(
     at: At,
     prefix: Prefix = None,
     owner: Owner = None,
-    cursor: Annotated[str | None, Query(pattern=RESOURCE_PATTERN, max_length=200)] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            pattern=replay.STATE_CURSOR_PATTERN,
+            max_length=220,
+            description="The `next_cursor` of the page before: a resource, or `resource/token` after a"
+            " shared-lock grant.",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=10_000, description="Up to 10,000: a whole fleet at once.")] = 100,
 ) -> Response:
     """Every lease live at `at`, by resource: its holder, fencing token, when it was acquired and the
     deadline as known at that instant. A lease whose deadline had passed is not live, whether or not its
-    `LOCK_EXPIRED` was recorded yet."""
+    `LOCK_EXPIRED` was recorded yet. Shared-lock grants live at `at` are listed too, after the mutex of
+    the same name, with their `mode` and `limit`."""
     async with request.app.state.read_pool.acquire() as conn:
         await refuse_archived(conn, _lookback(request, at), at)
         try:

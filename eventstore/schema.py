@@ -26,6 +26,7 @@ from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
 from sqlalchemy.types import UserDefinedType
 
 from domain.events import GRANTING_EVENTS, LEASE_STARTS, LOCK_HANDED_OFF
+from domain.shared_lock import SHARED_EVENT_TYPES, SHARED_GRANTS
 
 # One MetaData for the whole database; projections and service add their tables to it.
 metadata = MetaData()
@@ -98,6 +99,21 @@ events = Table(
         text("(data ->> 'from_owner')"),
         "position",
         postgresql_where=text(f"event_type = '{LOCK_HANDED_OFF}'"),
+    ),
+    # Replay of shared locks (migration 0018): each shared grant event's span, and a shared lock's events
+    # by grant token then version (a grant's acquire, the event after a renewal).
+    Index(
+        "events_shared_span_idx",
+        text("tstzrange(recorded_at, event_deadline(data))"),
+        postgresql_using="gist",
+        postgresql_where=text(f"event_type IN ({_names(SHARED_GRANTS)})"),
+    ),
+    Index(
+        "events_shared_grant_idx",
+        "stream_id",
+        text("((data ->> 'fencing_token')::bigint)"),
+        "stream_version",
+        postgresql_where=text(f"event_type IN ({_names(SHARED_EVENT_TYPES)})"),
     ),
     postgresql_partition_by="RANGE (recorded_at)",
 )

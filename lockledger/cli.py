@@ -233,29 +233,46 @@ def replay(
         locks = [
             {"resource": lease.resource, "owner": lease.owner, "fencing_token": lease.fencing_token,
              "acquired_at": _wire(lease.acquired_at), "expires_at": _wire(lease.expires_at),
-             "reservation_id": lease.reservation_id}
+             "reservation_id": lease.reservation_id, "mode": lease.mode, "limit": lease.limit}
             for lease in state.locks
         ]  # fmt: skip
         print_json({"at": _wire(state.at), "position": state.position, "locks": locks})
     elif output is Format.CSV:
         rows = [
             [lease.resource, lease.owner, lease.fencing_token, _wire(lease.acquired_at),
-             _wire(lease.expires_at), lease.reservation_id or ""]
+             _wire(lease.expires_at), lease.reservation_id or "", lease.mode or "",
+             "" if lease.limit is None else lease.limit]
             for lease in state.locks
         ]  # fmt: skip
-        print_csv(["resource", "owner", "fencing_token", "acquired_at", "expires_at", "reservation_id"], rows)
+        print_csv(_REPLAY_FIELDS, rows)
     else:
         table = _table(
-            "resource", "owner", "token", "acquired", "expires", "reservation",
+            "resource", "lock", "owner", "token", "acquired", "expires", "reservation",
             title=f"Leases live at {_inline(state.at)}",
             caption=f"{len(state.locks)} lease(s); the log up to position {state.position}",
         )  # fmt: skip
         for lease in state.locks:
             table.add_row(
-                escape(lease.resource), escape(lease.owner), str(lease.fencing_token),
-                _shown(lease.acquired_at), _shown(lease.expires_at), escape(lease.reservation_id or ""),
+                escape(lease.resource), _lock_kind(lease.mode, lease.limit), escape(lease.owner),
+                str(lease.fencing_token), _shown(lease.acquired_at), _shown(lease.expires_at),
+                escape(lease.reservation_id or ""),
             )  # fmt: skip
         print_table(table)
+
+
+_REPLAY_FIELDS = [
+    "resource", "owner", "fencing_token", "acquired_at", "expires_at", "reservation_id", "mode", "limit",
+]  # fmt: skip
+
+
+def _lock_kind(mode: str | None, limit: int | None) -> str:
+    """What a lease holds, for a person: ``mutex``; a read/write lock's ``read`` or ``write``; a
+    semaphore's ``permit of N``, or ``all N permits`` for an exclusive grant of it."""
+    if mode is None:
+        return "mutex"
+    if limit is None:
+        return "read" if mode == "shared" else "write"
+    return f"permit of {limit}" if mode == "shared" else f"all {limit} permits"
 
 
 # --- history -------------------------------------------------------------------------------------------
@@ -298,11 +315,16 @@ _TAKEN_UP = {"accept": "accepted the hand-off", "decline": "declined the hand-of
 
 
 def _event(kind: str, data: dict[str, Any], metadata: dict[str, Any], recorded_at: datetime) -> Text:
-    """An event for a person: its type, then what it says beyond who and which token: the TTL (for a
-    hand-off, the time given to accept), the lease deadline (its date only if it is not the day the event
-    was recorded), the reason, the giver of a hand-off, and the reservation the event belongs to."""
+    """An event for a person: its type, then what it says beyond who and which token: a shared-lock
+    grant's mode and limit, the TTL (for a hand-off, the time given to accept), the lease deadline (its
+    date only if it is not the day the event was recorded), the reason, the giver of a hand-off, and the
+    reservation the event belongs to."""
     text = Text(kind, style="bold")
     lines = []
+    if (mode := data.get("mode")) is not None:  # a shared-lock grant (SHARED_ACQUIRED)
+        limit = data.get("limit")
+        lines.append(f"{mode} grant: {_lock_kind(str(mode), None if limit is None else int(limit))}")
+        lines.append(f"limit {'none' if limit is None else limit}")
     if (giver := data.get("from_owner")) is not None:  # a hand-off: the lease it ended, the one it began
         lines.append(f"from {giver} (token {data.get('from_token')}) to {data.get('owner')}")
         if (ttl := data.get("ttl_ms")) is not None:

@@ -100,7 +100,9 @@ def filters(**values: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ReplayLease:
-    """A lease live at the instant asked about; ``expires_at`` is its deadline as known then."""
+    """A lease live at the instant asked about; ``expires_at`` is its deadline as known then. A grant of a
+    shared lock (``read_lock``, ``write_lock``, ``semaphore``) has its ``mode``, ``shared`` or
+    ``exclusive``, and its lock's ``limit`` (a semaphore's permits); both are None for a mutex lease."""
 
     resource: str
     owner: str
@@ -110,12 +112,16 @@ class ReplayLease:
     saga_id: str | None = None  # the saga, and its step, the lease was acquired for
     saga_step: str | None = None
     reservation_id: str | None = None  # the reservation the lease was taken in (``client.reserve``)
+    mode: str | None = None
+    limit: int | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ReplayLease:
+        limit = d.get("limit")
         return cls(
             d["resource"], d["owner"], int(d["fencing_token"]), parse_datetime(d.get("acquired_at")),
             required_datetime(d["expires_at"]), d.get("saga_id"), d.get("saga_step"), d.get("reservation_id"),
+            d.get("mode"), None if limit is None else int(limit),
         )  # fmt: skip
 
 

@@ -11,17 +11,25 @@ span contains T, nothing recorded after it by T. So the leases live at T are one
 ``valid @> T``, with the deadline as known at T and the lease's start, its acquire or hand-off (when,
 which saga step, which reservation), as the log path returns them.
 
+A shared lock's grants (``SHARED_ACQUIRED``, ``SHARED_RENEWED``, docs/decisions/0052) have rows too,
+under their stream id ``shared/<resource>`` (so a mutex and the shared lock of one name never share a
+key), with the grant's ``mode`` and its lock's ``lock_limit``: a grant is the rows of one token, each
+ended by the next event of that token (a renewal, release or expiry), not of the stream, as several grants
+live at once.
+
 Every row is a function of the log alone (the grant, the next event when committed, the lease's
-acquire), recomputed for the grants an event touches (its own, and the one before it in its stream):
+acquire), recomputed for the grants an event touches (its own, and the one before it in its stream, or
+for a shared lock the one before it of its grant):
 applying an event twice, or the events of two transactions in either order, leaves the same table.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Computed, Index, Table, Text
+from sqlalchemy import BigInteger, Column, Computed, Index, Integer, Table, Text
 from sqlalchemy.dialects.postgresql import TIMESTAMP, TSTZRANGE
 
 from domain.events import DEADLINE_FIELD, LEASE_STARTS
+from domain.shared_lock import SHARED_ACQUIRED, SHARED_EVENT_TYPES, SHARED_GRANTS, STREAM_PREFIX
 from eventstore.connection import Connection
 from eventstore.payloads import is_granting_sql, payload_field_sql
 from eventstore.schema import metadata
@@ -47,6 +55,8 @@ holding_periods = Table(
     Column("expires_at", TIMESTAMP(timezone=True), nullable=False),  # the deadline this grant set
     Column("ended_at", TIMESTAMP(timezone=True)),  # the stream's next event, if any yet
     Column("ended_by", Text),
+    Column("mode", Text),  # a shared-lock grant's mode, shared or exclusive; null on a mutex's rows (0018)
+    Column("lock_limit", Integer),  # a shared-lock grant's limit (a semaphore's permits), else null
     Column("valid", TSTZRANGE, Computed(VALIDITY, persisted=True), nullable=False),
     Index("holding_periods_valid_idx", "valid", postgresql_using="gist"),
 )
@@ -103,16 +113,84 @@ SELECT g.stream_id, g.stream_version, g.data ->> 'owner', g.fencing_token,
 """
 
 
+_SHARED_GRANTS = ", ".join(f"'{name}'" for name in sorted(SHARED_GRANTS))
+_SHARED_EVENTS = ", ".join(f"'{name}'" for name in sorted(SHARED_EVENT_TYPES))  # events_shared_grant_idx's
+_TOKEN = "fencing_token"
+_DATA_TOKEN = payload_field_sql("data", _TOKEN)
+_COLUMNS = """resource, grant_version, owner, fencing_token, acquired_at, saga_id, saga_step, reservation_id,
+              granted_at, expires_at, ended_at, ended_by, mode, lock_limit"""
+# A shared grant's rows: the acquire of its token begins it (when, saga step, reservation, mode, limit),
+# and the next event of its token ends each row. ``{keys}`` and ``{table}`` as for _UPSERT.
+_UPSERT_SHARED = f"""
+INSERT INTO {{table}} AS h ({_COLUMNS})
+SELECT g.stream_id, g.stream_version, g.data ->> 'owner', {payload_field_sql("g.data", _TOKEN)},
+       a.recorded_at, a.metadata ->> 'saga_id', a.metadata ->> 'saga_step', a.metadata ->> 'reservation_id',
+       g.recorded_at, {payload_field_sql("g.data", DEADLINE_FIELD)}, n.recorded_at, n.event_type,
+       a.data ->> 'mode', (a.data ->> 'limit')::integer
+  FROM ({{keys}}) AS k (stream_id, version)
+  JOIN events g ON g.stream_id = k.stream_id AND g.stream_version = k.version
+  LEFT JOIN LATERAL (
+        SELECT a.recorded_at, a.metadata, a.data FROM events a
+         WHERE a.stream_id = g.stream_id AND a.event_type IN ({_SHARED_EVENTS})
+           AND {payload_field_sql("a.data", _TOKEN)} = {payload_field_sql("g.data", _TOKEN)}
+           AND a.event_type = '{SHARED_ACQUIRED}'  -- the IN above: events_shared_grant_idx's predicate
+         LIMIT 1) AS a ON true
+  LEFT JOIN LATERAL (
+        SELECT n.recorded_at, n.event_type FROM events n
+         WHERE n.stream_id = g.stream_id AND n.event_type IN ({_SHARED_EVENTS})
+           AND {payload_field_sql("n.data", _TOKEN)} = {payload_field_sql("g.data", _TOKEN)}
+           AND n.stream_version > g.stream_version
+         ORDER BY n.stream_version LIMIT 1) AS n ON true
+ WHERE g.event_type IN ({_SHARED_GRANTS})
+    ON CONFLICT (resource, grant_version) DO UPDATE
+   SET ended_at = excluded.ended_at, ended_by = excluded.ended_by
+ WHERE h.ended_at IS DISTINCT FROM excluded.ended_at OR h.ended_by IS DISTINCT FROM excluded.ended_by
+"""
+# A shared lock's event touches its own version and the event before it of the same grant.
+_TOUCHED_SHARED = f"""SELECT DISTINCT x.stream_id, t.v FROM unnest($1::text[], $2::bigint[]) AS e (s, w)
+  JOIN events x ON x.stream_id = e.s AND x.stream_version = e.w
+ CROSS JOIN LATERAL (VALUES (x.stream_version), ((
+        SELECT max(p.stream_version) FROM events p
+         WHERE p.stream_id = x.stream_id AND p.event_type IN ({_SHARED_EVENTS})
+           AND {payload_field_sql("p.data", _TOKEN)} = {payload_field_sql("x.data", _TOKEN)}
+           AND p.stream_version < x.stream_version))) AS t (v)
+ WHERE x.event_type IN ({_SHARED_EVENTS}) AND t.v IS NOT NULL"""
+# Every shared grant of transactions below $1 in one pass: each grant's events in version order give
+# each row its next event, and a hash join the grant's acquire (the same rows as _UPSERT_SHARED's).
+_BUILD_SHARED = f"""
+INSERT INTO {{table}} ({_COLUMNS})
+SELECT g.stream_id, g.stream_version, g.data ->> 'owner', g.fencing_token,
+       a.recorded_at, a.metadata ->> 'saga_id', a.metadata ->> 'saga_step', a.metadata ->> 'reservation_id',
+       g.recorded_at, {payload_field_sql("g.data", DEADLINE_FIELD)}, g.next_at, g.next_type,
+       a.data ->> 'mode', (a.data ->> 'limit')::integer
+  FROM (SELECT stream_id, stream_version, event_type, data, recorded_at, tx_id,
+               {_DATA_TOKEN} AS fencing_token,
+               lead(recorded_at) OVER w AS next_at, lead(event_type) OVER w AS next_type
+          FROM events WHERE event_type IN ({_SHARED_EVENTS})
+        WINDOW w AS (PARTITION BY stream_id, {_DATA_TOKEN} ORDER BY stream_version)) AS g
+  LEFT JOIN (SELECT stream_id, recorded_at, metadata, data, {_DATA_TOKEN} AS fencing_token
+               FROM events WHERE event_type = '{SHARED_ACQUIRED}') AS a USING (stream_id, fencing_token)
+ WHERE g.event_type IN ({_SHARED_GRANTS}) AND g.tx_id < $1::text::xid8
+ ORDER BY g.recorded_at
+"""
+
+
 async def apply(conn: Connection, table: str, keys: list[tuple[str, int]]) -> None:
-    """Make the rows the events at ``keys`` (stream, version) touch equal to what the log implies."""
-    if keys:
-        streams, versions = zip(*keys, strict=True)
-        await conn.execute(_UPSERT.format(table=table, keys=_TOUCHED), list(streams), list(versions))
+    """Make the rows the events at ``keys`` (stream, version) touch equal to what the log implies: a
+    mutex's and a shared lock's, each by its statement."""
+    for statement, touched, chosen in (
+        (_UPSERT, _TOUCHED, [key for key in keys if not key[0].startswith(STREAM_PREFIX)]),
+        (_UPSERT_SHARED, _TOUCHED_SHARED, [key for key in keys if key[0].startswith(STREAM_PREFIX)]),
+    ):
+        if chosen:
+            streams, versions = zip(*chosen, strict=True)
+            await conn.execute(statement.format(table=table, keys=touched), list(streams), list(versions))
 
 
 async def build(conn: Connection, table: str, below: int) -> None:
     """Fill the empty ``table`` with the rows of every grant of a transaction below ``below``."""
     await conn.execute(_BUILD.format(table=table), str(below))
+    await conn.execute(_BUILD_SHARED.format(table=table), str(below))
 
 
 async def _apply_events(conn: Connection, table: str, events: list[EventKey]) -> None:

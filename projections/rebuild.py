@@ -78,11 +78,13 @@ REPLAY_INDEXES = (
     "events_owner_idx",
     "events_lease_start_idx",
     "events_from_owner_idx",
+    "events_shared_span_idx",
+    "events_shared_grant_idx",
 )
 
 
 async def rebuild_replay_indexes(conn: Connection) -> tuple[str, ...]:
-    """Rebuild the indexes replay reads (migration 0005) from the events they cover, without blocking
+    """Rebuild the indexes replay reads (migrations 0005, 0018) from the events they cover, without blocking
     appends (``REINDEX ... CONCURRENTLY``: run it outside a transaction); returns their names."""
     for index in REPLAY_INDEXES:
         await conn.execute(f"REINDEX INDEX CONCURRENTLY {index}")

@@ -13,6 +13,11 @@ Everything here can be answered from the events table alone, through indexes der
 - Within a stream, events are recorded in version order (each append locks the stream's head and reads
   the clock after), which is what lets "the next event" be the one at version + 1.
 
+A shared lock's grants (stream ``shared/<resource>``, docs/decisions/0051, 0052) are live alike, each by
+its own token: the newest of its grant's ``SHARED_ACQUIRED`` or ``SHARED_RENEWED`` whose span contains T,
+no later event of that grant recorded by T. They are listed under their plain resource, after the mutex
+of the same name, in token order, with their mode and limit; a page's cursor is then ``resource/token``.
+
 ``state_at`` reads ``holding_periods`` instead (one GiST scan, ``projections/holding_periods.py``) when its
 projector's checkpoint covers T (every event recorded by T applied), and the log otherwise: the same
 answer either way, the log's only slower.
@@ -30,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from domain.events import GRANTING_EVENTS, LEASE_STARTS, LOCK_HANDED_OFF
+from domain.shared_lock import SHARED_ACQUIRED, SHARED_EVENT_TYPES, SHARED_GRANTS, STREAM_PREFIX
 from domain.timestamps import format_timestamp
 from eventstore.connection import Connection
 from eventstore.payloads import timestamp_text_sql
@@ -40,6 +46,9 @@ LEASE_LAPSED = "LEASE_LAPSED"  # a change with no event: a deadline passed and n
 _GRANTS = ", ".join(f"'{name}'" for name in sorted(GRANTING_EVENTS))
 _STARTS = ", ".join(f"'{name}'" for name in sorted(LEASE_STARTS))
 _SPAN = "tstzrange(g.recorded_at, event_deadline(g.data))"  # as indexed by events_lease_span_idx
+_SHARED_GRANTS = ", ".join(f"'{name}'" for name in sorted(SHARED_GRANTS))  # events_shared_span_idx's
+_SHARED_EVENTS = ", ".join(f"'{name}'" for name in sorted(SHARED_EVENT_TYPES))  # events_shared_grant_idx's
+_PREFIX_LENGTH = len(STREAM_PREFIX)
 
 
 def _no_event_after(grant: str, instant: str) -> str:
@@ -50,30 +59,47 @@ def _no_event_after(grant: str, instant: str) -> str:
            AND n.recorded_at <= {instant})"""
 
 
-def _filters(alias: str, prefix: str, owner: str, *, giver: bool = False) -> str:
-    """SQL: the event ``alias`` is on a stream starting with ``prefix`` and names ``owner`` (each NULL:
-    any): as its holder, or with ``giver``, also as the giver of a hand-off (``from_owner``), so an
-    agent's changes and export show the hand-offs it gave; a lease held is filtered by its holder alone."""
+def _no_grant_event_after(grant: str, instant: str, token: str | None = None) -> str:
+    """SQL: nothing was recorded after the shared-lock event ``grant`` for its grant (``token``, or its
+    payload's), at or before ``instant``."""
+    token = token or f"({grant}.data ->> 'fencing_token')::bigint"
+    return f"""NOT EXISTS (
+        SELECT 1 FROM events n
+         WHERE n.stream_id = {grant}.stream_id AND n.event_type IN ({_SHARED_EVENTS})
+           AND (n.data ->> 'fencing_token')::bigint = {token}
+           AND n.stream_version > {grant}.stream_version AND n.recorded_at <= {instant})"""
+
+
+def _filters(alias: str, prefix: str, owner: str, *, giver: bool = False, shared: bool = False) -> str:
+    """SQL: the event ``alias`` is on a stream starting with ``prefix`` (with ``shared``, also a shared
+    lock's whose resource does) and names ``owner`` (each NULL: any): as its holder, or with ``giver``,
+    also as the giver of a hand-off (``from_owner``), so an agent's changes and export show the hand-offs
+    it gave; a lease held is filtered by its holder alone."""
     gave = f" OR {alias}.data ->> 'from_owner' = {owner}" if giver else ""
-    return f"""({prefix}::text IS NULL OR starts_with({alias}.stream_id, {prefix}))
+    also = f" OR starts_with({alias}.stream_id, '{STREAM_PREFIX}' || {prefix})" if shared else ""
+    return f"""({prefix}::text IS NULL OR starts_with({alias}.stream_id, {prefix}){also})
        AND ({owner}::text IS NULL OR {alias}.data ->> 'owner' = {owner}{gave})"""
 
 
 # The answer at $1 in one statement, and so one snapshot: the clock (a future instant is refused), the
 # position of the last event recorded at or before $1, and a page of the leases live at $1 after the
-# cursor $4, as the API's JSON array (rendered here: a whole fleet is thousands of leases), with the
-# resource to resume after when there are more than $5.
+# cursor ($4 a resource; $6 a shared grant's token of it, or NULL: after its mutex), as the API's JSON
+# array (rendered here: a whole fleet is thousands of leases), with the cursor to resume after when there
+# are more than $5.
 # Positions are drawn in the statement that reads the clock for recorded_at, so the newest position at
 # or before T is among the events of the last minute before T, if there are any (an index-only scan:
 # the time index carries the position).
 _LEASE_JSON = f"""json_build_object(
     'resource', l.resource, 'owner', l.owner, 'fencing_token', l.fencing_token,
     'acquired_at', {timestamp_text_sql("l.acquired_at")}, 'expires_at', {timestamp_text_sql("l.expires_at")},
-    'saga_id', l.saga_id, 'saga_step', l.saga_step, 'reservation_id', l.reservation_id)"""
+    'saga_id', l.saga_id, 'saga_step', l.saga_step, 'reservation_id', l.reservation_id,
+    'mode', l.mode, 'limit', l.lock_limit)"""
+_ORDER = "l.resource, l.shared, l.fencing_token"  # a mutex, then the shared grants of its name
 
 
 def _answer(live: str) -> str:
-    """SQL of the answer whose leases are ``live``: a query of the leases by resource, LIMIT $5 + 1."""
+    """SQL of the answer whose leases are ``live``: a query of the leases (with ``shared``, whether a
+    shared grant) in ``_ORDER``, LIMIT $5 + 1."""
     return f"""
 SELECT head.db_now, head.position, page.locks, page.next_cursor
   FROM (SELECT clock_timestamp() AS db_now, coalesce(
@@ -84,20 +110,23 @@ SELECT head.db_now, head.position, page.locks, page.next_cursor
                0) AS position) AS head
  CROSS JOIN (
     SELECT coalesce(json_agg(p.lease ORDER BY p.n) FILTER (WHERE p.n <= $5), '[]')::text AS locks,
-           max(p.resource) FILTER (WHERE p.n = $5 AND p.more) AS next_cursor
-      FROM (SELECT l.resource, {_LEASE_JSON} AS lease,
-                   row_number() OVER (ORDER BY l.resource) AS n, count(*) OVER () > $5 AS more
+           max(p.cursor) FILTER (WHERE p.n = $5 AND p.more) AS next_cursor
+      FROM (SELECT {_LEASE_JSON} AS lease,
+                   CASE WHEN l.shared THEN l.resource || '/' || l.fencing_token ELSE l.resource END AS cursor,
+                   row_number() OVER (ORDER BY {_ORDER}) AS n, count(*) OVER () > $5 AS more
               FROM ({live}) AS l) AS p
  ) AS page
 """
 
 
 # From the log: of a stream's grants whose span contains $1 only the newest can be the live one
-# (renewals overlap), so only it is checked for a later event.
-STATE_SQL = _answer(f"""
-    SELECT g.stream_id AS resource, g.owner, g.fencing_token, g.expires_at, a.recorded_at AS acquired_at,
-           a.metadata ->> 'saga_id' AS saga_id, a.metadata ->> 'saga_step' AS saga_step,
-           a.metadata ->> 'reservation_id' AS reservation_id
+# (renewals overlap), so only it is checked for a later event; of a shared lock's, the newest of each
+# grant, checked for a later event of that grant.
+_MUTEX_AT = f"""
+    SELECT g.stream_id AS resource, false AS shared, g.owner, g.fencing_token, g.expires_at,
+           a.recorded_at AS acquired_at, a.metadata ->> 'saga_id' AS saga_id,
+           a.metadata ->> 'saga_step' AS saga_step, a.metadata ->> 'reservation_id' AS reservation_id,
+           NULL::text AS mode, NULL::integer AS lock_limit
       FROM (SELECT DISTINCT ON (c.stream_id) c.stream_id, c.stream_version, c.event_type, c.recorded_at,
                    c.data ->> 'owner' AS owner, (c.data ->> 'fencing_token')::bigint AS fencing_token,
                    event_deadline(c.data) AS expires_at
@@ -113,17 +142,52 @@ STATE_SQL = _answer(f"""
              LIMIT 1) AS a ON true
      WHERE {_no_event_after("g", "$1")}
      ORDER BY g.stream_id
+     LIMIT $5 + 1"""
+_SHARED_AT = f"""
+    SELECT substr(g.stream_id, {_PREFIX_LENGTH + 1}) AS resource, true AS shared, g.owner, g.fencing_token,
+           g.expires_at, a.recorded_at AS acquired_at, a.metadata ->> 'saga_id' AS saga_id,
+           a.metadata ->> 'saga_step' AS saga_step, a.metadata ->> 'reservation_id' AS reservation_id,
+           a.data ->> 'mode' AS mode, (a.data ->> 'limit')::integer AS lock_limit
+      FROM (SELECT DISTINCT ON (c.stream_id, (c.data ->> 'fencing_token')::bigint)
+                   c.stream_id, c.stream_version, c.data ->> 'owner' AS owner,
+                   (c.data ->> 'fencing_token')::bigint AS fencing_token, event_deadline(c.data) AS expires_at
+              FROM events c
+             WHERE c.event_type IN ({_SHARED_GRANTS}) AND {_SPAN.replace("g.", "c.")} @> $1::timestamptz
+               AND ($2::text IS NULL OR starts_with(c.stream_id, '{STREAM_PREFIX}' || $2))
+               AND ($3::text IS NULL OR c.data ->> 'owner' = $3)
+               AND ($4::text IS NULL OR c.stream_id > '{STREAM_PREFIX}' || $4
+                    OR (c.stream_id = '{STREAM_PREFIX}' || $4
+                        AND ($6::bigint IS NULL OR (c.data ->> 'fencing_token')::bigint > $6)))
+             ORDER BY c.stream_id, (c.data ->> 'fencing_token')::bigint, c.stream_version DESC) AS g
+      LEFT JOIN LATERAL (  -- the grant's acquire: when, saga step, reservation, mode and limit
+            SELECT a.recorded_at, a.metadata, a.data FROM events a
+             WHERE a.stream_id = g.stream_id AND a.event_type IN ({_SHARED_EVENTS})
+               AND (a.data ->> 'fencing_token')::bigint = g.fencing_token
+               AND a.event_type = '{SHARED_ACQUIRED}'
+             LIMIT 1) AS a ON true
+     WHERE {_no_grant_event_after("g", "$1", "g.fencing_token")}
+     ORDER BY g.stream_id, g.fencing_token
+     LIMIT $5 + 1"""
+STATE_SQL = _answer(f"""
+    SELECT * FROM (({_MUTEX_AT}) UNION ALL ({_SHARED_AT})) AS l
+     ORDER BY {_ORDER}
      LIMIT $5 + 1""")
-# The same answer from holding_periods, for an instant its projector has covered: the one row of each
-# stream valid at $1 (projections/holding_periods.py), one GiST scan.
-HELD_AT_SQL = _answer(f"""
-    SELECT h.resource, h.owner, h.fencing_token, h.expires_at, h.acquired_at, h.saga_id, h.saga_step,
-           h.reservation_id
+# The same answer from holding_periods, for an instant its projector has covered: the rows valid at $1
+# (projections/holding_periods.py; a shared grant's under its stream id), one GiST scan.
+_HELD = f"""(
+    SELECT CASE WHEN starts_with(h.resource, '{STREAM_PREFIX}') THEN substr(h.resource, {_PREFIX_LENGTH + 1})
+                ELSE h.resource END AS resource,
+           starts_with(h.resource, '{STREAM_PREFIX}') AS shared,
+           h.owner, h.fencing_token, h.expires_at, h.acquired_at, h.saga_id, h.saga_step, h.reservation_id,
+           h.mode, h.lock_limit
       FROM {HOLDING_PERIODS.name} h
-     WHERE h.valid @> $1::timestamptz
-       AND ($2::text IS NULL OR starts_with(h.resource, $2)) AND ($3::text IS NULL OR h.owner = $3)
-       AND ($4::text IS NULL OR h.resource > $4)
-     ORDER BY h.resource
+     WHERE h.valid @> $1::timestamptz AND ($3::text IS NULL OR h.owner = $3))"""
+HELD_AT_SQL = _answer(f"""
+    SELECT * FROM {_HELD} AS l
+     WHERE ($2::text IS NULL OR starts_with(l.resource, $2))
+       AND ($4::text IS NULL OR l.resource > $4
+            OR (l.resource = $4 AND l.shared AND ($6::bigint IS NULL OR l.fencing_token > $6)))
+     ORDER BY {_ORDER}
      LIMIT $5 + 1""")
 COVERED_SQL = "SELECT covered_until FROM projector_checkpoints WHERE name = $1"
 LOG, PROJECTION = "log", HOLDING_PERIODS.name
@@ -139,6 +203,8 @@ class LiveLease:
     saga_id: str | None  # the saga, and its step, the lease was acquired for
     saga_step: str | None
     reservation_id: str | None  # the reservation the lease was taken in (decision 0048)
+    mode: str | None = None  # a shared-lock grant's mode, shared or exclusive; None for a mutex lease
+    limit: int | None = None  # a shared-lock grant's limit (a semaphore's permits); None otherwise
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +232,19 @@ def _live_lease(lease: dict[str, Any]) -> LiveLease:
         lease["saga_id"],
         lease["saga_step"],
         lease["reservation_id"],
+        lease["mode"],
+        lease["limit"],
     )
+
+
+# A state cursor: the resource of the page's last lease, with ``/token`` when it was a shared grant.
+STATE_CURSOR_PATTERN = r"^[A-Za-z0-9._:\-]*[A-Za-z0-9_:\-][A-Za-z0-9._:\-]*(/\d{1,18})?$"
+
+
+def parse_state_cursor(cursor: str) -> tuple[str, int | None]:
+    """The resource and shared grant's token (None: after the resource's mutex) a state cursor names."""
+    resource, _, token = cursor.partition("/")
+    return resource, int(token) if token else None
 
 
 class FutureInstant(ValueError):
@@ -183,13 +261,14 @@ async def state_at(
     limit: int = 100,
     use_projection: bool = True,
 ) -> StateAt:
-    """Every lease live at ``at``, by resource, a page of ``limit`` after ``cursor`` (a resource): from
-    holding_periods when its projector has covered ``at`` (and ``use_projection``), else from the log;
-    the same answer."""
+    """Every lease and shared grant live at ``at``, by resource, a page of ``limit`` after ``cursor`` (a
+    resource, or ``resource/token`` for a shared grant): from holding_periods when its projector has
+    covered ``at`` (and ``use_projection``), else from the log; the same answer."""
     covered = await conn.fetchval(COVERED_SQL, HOLDING_PERIODS.name) if use_projection else None
     source = PROJECTION if covered is not None and at <= covered else LOG
     sql = HELD_AT_SQL if source == PROJECTION else STATE_SQL
-    answer = await conn.fetchrow(sql, at, prefix, owner, cursor, limit)
+    after, token = parse_state_cursor(cursor) if cursor is not None else (None, None)
+    answer = await conn.fetchrow(sql, at, prefix, owner, after, limit, token)
     assert answer is not None  # one row, always
     if at > answer["db_now"]:
         raise FutureInstant(
@@ -200,16 +279,18 @@ async def state_at(
     return StateAt(at, answer["position"], answer["locks"], answer["next_cursor"], source)
 
 
-# Events recorded in ($1, $2], and the leases whose deadline passed in ($1, $2] with nothing recorded for
-# them by $2, in time order; a page after the cursor (at, position or the largest bigint for a lapse,
-# resource).
+# Events recorded in ($1, $2], and the leases and shared grants whose deadline passed in ($1, $2] with
+# nothing recorded for them by $2, in time order; a page after the cursor (at, position or for a lapse
+# the largest bigint, less a shared grant's token, stream). A shared lock's changes name its stream
+# (``shared/<resource>``), and the prefix $3 matches them by resource.
 CHANGES_SQL = f"""
 SELECT * FROM (
     SELECT e.recorded_at AS at, e.event_type AS type, e.stream_id AS resource, e.data ->> 'owner' AS owner,
            (e.data ->> 'fencing_token')::bigint AS fencing_token, e.position, e.stream_version AS version,
            e.data::text AS data, e.position AS sort_position
       FROM events e
-     WHERE e.recorded_at > $1 AND e.recorded_at <= $2 AND {_filters("e", "$3", "$4", giver=True)}
+     WHERE e.recorded_at > $1 AND e.recorded_at <= $2
+       AND {_filters("e", "$3", "$4", giver=True, shared=True)}
     UNION ALL
     SELECT event_deadline(g.data), '{LEASE_LAPSED}', g.stream_id, g.data ->> 'owner',
            (g.data ->> 'fencing_token')::bigint, NULL, NULL, g.data::text, 9223372036854775807
@@ -218,6 +299,16 @@ SELECT * FROM (
        AND event_deadline(g.data) > $1 AND event_deadline(g.data) <= $2
        AND {_filters("g", "$3", "$4")}
        AND {_no_event_after("g", "$2")}
+    UNION ALL  -- a shared lock's lapses sort by token: several of its grants may lapse at one instant
+    SELECT event_deadline(g.data), '{LEASE_LAPSED}', g.stream_id, g.data ->> 'owner',
+           (g.data ->> 'fencing_token')::bigint, NULL, NULL, g.data::text,
+           9223372036854775807 - (g.data ->> 'fencing_token')::bigint
+      FROM events g
+     WHERE g.event_type IN ({_SHARED_GRANTS}) AND {_SPAN} && tstzrange($1, $2, '(]')
+       AND event_deadline(g.data) > $1 AND event_deadline(g.data) <= $2
+       AND ($3::text IS NULL OR starts_with(g.stream_id, '{STREAM_PREFIX}' || $3))
+       AND ($4::text IS NULL OR g.data ->> 'owner' = $4)
+       AND {_no_grant_event_after("g", "$2")}
 ) AS c
  WHERE $5::timestamptz IS NULL OR (c.at, c.sort_position, c.resource) > ($5, $6::bigint, $7::text)
  ORDER BY c.at, c.sort_position, c.resource
@@ -245,14 +336,15 @@ class ChangePage:
 
 _LAPSE_SORT = 2**63 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# A changes cursor: microseconds since 1970, position (the largest bigint for a lapse), resource.
-CHANGE_CURSOR_PATTERN = r"^\d{1,15}\.\d{1,19}\.[A-Za-z0-9._:\-]{1,200}$"
+# A changes cursor: microseconds since 1970 (16 digits from 2001 to 2286), position (for a lapse, the
+# largest bigint, less a shared grant's token), stream ("/": a shared lock's).
+CHANGE_CURSOR_PATTERN = r"^\d{1,16}\.\d{1,19}\.[A-Za-z0-9._:/\-]{1,207}$"
 
 
-def _change_cursor(change: Change) -> str:
-    position = change.position if change.position is not None else _LAPSE_SORT
-    micros = (change.at - _EPOCH) // timedelta(microseconds=1)
-    return f"{micros}.{position}.{change.resource}"
+def _change_cursor(row: Any) -> str:
+    """The cursor after the change of CHANGES_SQL's ``row``."""
+    micros = (row["at"] - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros}.{row['sort_position']}.{row['resource']}"
 
 
 def parse_change_cursor(cursor: str) -> tuple[datetime, int, str]:
@@ -281,7 +373,7 @@ async def changes(
         )
         for r in rows[:limit]
     ]  # fmt: skip
-    return ChangePage(items, _change_cursor(items[-1]) if len(rows) > limit else None)
+    return ChangePage(items, _change_cursor(rows[limit - 1]) if len(rows) > limit else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -369,7 +369,8 @@ async function scrubTo(at) {
       changesAround(at),
     ]);
     if (state.scrub?.at !== at) return; // moved on meanwhile
-    state.scrub = { at, locks: fleet.locks, ...near, ready: true };
+    // The mutex leases, as the live view shows them (a shared lock's grants have a mode).
+    state.scrub = { at, locks: fleet.locks.filter((lock) => lock.mode == null), ...near, ready: true };
   } catch (error) {
     if (!(error instanceof NeedToken)) console.warn(error);
   }

@@ -24,8 +24,11 @@ const MARKED = new Set(["expired", "lapsed", "force-released"]);
 const STARTS = new Set(["LOCK_ACQUIRED", "LOCK_HANDED_OFF"]);
 
 // Leases by resource from the leases live at `from` and the changes after it, in time order; a lease
-// still held at `to` ends there ("held").
-export function leasesOf(liveAtStart, changes, from, to) {
+// still held at `to` ends there ("held"). Mutex leases only: a shared lock's grants (a `mode` in the
+// state, a `shared/` stream in the changes) are several at once, which one row per resource cannot show.
+export function leasesOf(liveAtStart, allChanges, from, to) {
+  const changes = allChanges.filter((change) => !change.resource.startsWith("shared/"));
+  liveAtStart = liveAtStart.filter((live) => live.mode == null);
   const open = new Map();
   const leases = [];
   const begin = (resource, owner, token, at, events) => {

@@ -180,6 +180,46 @@ async def test_replay_and_history_name_the_reservation_and_tell_a_hand_off(
     assert "reservation" not in handed
 
 
+async def test_replay_and_history_show_shared_grants(
+    scene: Scene,
+    auth_server: ServerProcess,
+    issue_token: IssueToken,
+    admin_pool: asyncpg.Pool,
+    unique_prefix: str,
+) -> None:
+    """A mutex, a read grant of the read/write lock of the same name and a permit of a semaphore of 4:
+    replay's table names each kind, its json and csv carry mode and limit, and an agent's history tells
+    the grants' mode and limit."""
+    zone, bay = f"{unique_prefix}sh:zone", f"{unique_prefix}sh:bay"
+    async with AsyncClient(auth_server.base_url, token=await issue_token(scene.owner, Role.AGENT)) as agent:
+        await agent.acquire(zone, ttl=60)
+        read = await agent.acquire_shared(zone, "shared", None, ttl=60)
+        permit = await agent.acquire_shared(bay, "shared", 4, ttl=60)
+    after: datetime = await admin_pool.fetchval("SELECT clock_timestamp()")
+    common = ["--at", after.isoformat(), "--prefix", f"{unique_prefix}sh:", "--url", scene.url]
+
+    answer = json.loads(_ok(lockledger("replay", *common, "--format", "json", token=scene.investigator)))
+    assert [(lock["resource"], lock["mode"], lock["limit"], lock["fencing_token"]) for lock in answer["locks"]
+            ] == [(bay, "shared", 4, permit.fencing_token), (zone, None, None, 1),
+                  (zone, "shared", None, read.fencing_token)]  # fmt: skip
+    rows = list(csv.DictReader(io.StringIO(_ok(lockledger("replay", *common, "--format", "csv",
+                                                          token=scene.investigator)))))  # fmt: skip
+    assert [(row["mode"], row["limit"]) for row in rows] == [("shared", "4"), ("", ""), ("shared", "")]
+    table = _ok(lockledger("replay", *common, token=scene.investigator))
+    for kind in ("permit of 4", "mutex", "read"):
+        assert kind in table
+
+    shown = _ok(lockledger("history", "--agent", scene.owner, url=scene.url, token=scene.investigator))
+    for line in (
+        "SHARED_ACQUIRED",
+        "shared grant: permit of 4",
+        "limit 4",
+        "shared grant: read",
+        "limit none",
+    ):
+        assert line in shown
+
+
 def test_export_to_a_file_is_ndjson_of_every_event_and_resumes(
     scene: Scene, unique_prefix: str, tmp_path: Path
 ) -> None:

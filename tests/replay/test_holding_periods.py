@@ -25,9 +25,11 @@ from tests.replay.histories import Step, steps, write_history
 
 pytestmark = pytest.mark.storage
 
+_GRANTS = ("LOCK_ACQUIRED", "LOCK_RENEWED", "LOCK_HANDED_OFF", "SHARED_ACQUIRED", "SHARED_RENEWED")
 _DAYS = itertools.count()
 _BASE = datetime(1991, 1, 1, tzinfo=UTC)
-_ROWS = "SELECT * FROM {table} WHERE starts_with(resource, $1) ORDER BY resource, grant_version"
+_ROWS = """SELECT * FROM {table} WHERE starts_with(resource, $1) OR starts_with(resource, 'shared/' || $1)
+            ORDER BY resource, grant_version"""
 
 
 async def _rows(conn: Connection, table: str, prefix: str) -> list[dict[str, Any]]:
@@ -46,15 +48,18 @@ async def test_projected_equals_built_and_reapplying_changes_nothing(
         logged = await write_history(conn, prefix, start, story)
         await Projector(HOLDING_PERIODS, page=7).catch_up(conn)  # small pages: windows read in parts
         projected = await _rows(conn, HOLDING_PERIODS.name, prefix)
-        grants = [e for e in logged if e.type in ("LOCK_ACQUIRED", "LOCK_RENEWED", "LOCK_HANDED_OFF")]
-        assert len(projected) == len(grants)  # not vacuous: a row per grant
-        # Each row names the reservation its lease was begun in (its acquire's or hand-off's metadata).
+        grants = [e for e in logged if e.type in _GRANTS]
+        assert len(projected) == len(grants)  # not vacuous: a row per grant, a shared lock's too
+        # Each row names the reservation its lease was begun in (its acquire's or hand-off's metadata),
+        # and a shared grant's its mode and limit (its acquire's).
         begun = {
-            (e.resource, e.data["fencing_token"]): e.metadata.get("reservation_id")
+            (e.resource, e.data["fencing_token"]): (
+                e.metadata.get("reservation_id"), e.data.get("mode"), e.data.get("limit"),
+            )
             for e in logged
-            if e.type in ("LOCK_ACQUIRED", "LOCK_HANDED_OFF")
-        }
-        assert [row["reservation_id"] for row in projected] == [
+            if e.type in ("LOCK_ACQUIRED", "LOCK_HANDED_OFF", "SHARED_ACQUIRED")
+        }  # fmt: skip
+        assert [(row["reservation_id"], row["mode"], row["lock_limit"]) for row in projected] == [
             begun[(row["resource"], row["fencing_token"])] for row in projected
         ]
 

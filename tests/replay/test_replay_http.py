@@ -101,6 +101,62 @@ async def test_changes_list_events_and_unrecorded_lapses_in_time_order(
     assert ats == sorted(ats)
 
 
+async def _paged(http: httpx.AsyncClient, path: str, key: str, params: dict[str, str]) -> list[Any]:
+    """Every item of ``path``'s pages, one a page, following ``next_cursor``."""
+    items: list[Any] = []
+    cursor = None
+    while True:
+        answer = await http.get(
+            path, params={**params, "limit": "1", **({"cursor": cursor} if cursor else {})}
+        )
+        assert answer.status_code == 200, answer.text
+        items += answer.json()[key]
+        cursor = answer.json()["next_cursor"]
+        if cursor is None:
+            return items
+
+
+async def test_shared_grants_in_state_and_changes_page_by_page(
+    http: httpx.AsyncClient, admin_pool: asyncpg.Pool, unique_prefix: str
+) -> None:
+    """A mutex and two grants of the semaphore of the same name, one left to lapse: the state lists the
+    mutex lease, then the grants by token with mode and limit, one a page; the changes name the shared
+    lock's stream, the lapse included, and their cursor crosses its events."""
+    resource = f"{unique_prefix}bay"
+    start = await _db_now(admin_pool)
+    await _acquire(http, resource, "agv-1")
+    tokens = []
+    for owner, ttl_ms in (("agv-2", 30_000), ("agv-3", 1_000)):
+        granted = await http.post(
+            f"/v1/shared-locks/{resource}/acquire",
+            json={"owner": owner, "mode": "shared", "limit": 2, "ttl_ms": ttl_ms},
+        )
+        assert granted.status_code == 201, granted.text
+        tokens.append(granted.json()["fencing_token"])
+    held = await _db_now(admin_pool)
+    await asyncio.sleep(1.2)
+    end = await _db_now(admin_pool)
+
+    locks = await _paged(http, "/v1/replay/state", "locks", {"at": held.isoformat(), "prefix": unique_prefix})
+    assert [(lock["resource"], lock["owner"], lock["mode"], lock["limit"]) for lock in locks] == [
+        (resource, "agv-1", None, None), (resource, "agv-2", "shared", 2), (resource, "agv-3", "shared", 2),
+    ]  # fmt: skip
+    assert [lock["fencing_token"] for lock in locks[1:]] == tokens
+    later = await _paged(http, "/v1/replay/state", "locks", {"at": end.isoformat(), "prefix": unique_prefix})
+    assert [lock["owner"] for lock in later] == ["agv-1", "agv-2"]
+
+    window = {"from": start.isoformat(), "to": end.isoformat(), "prefix": unique_prefix}
+    changes = await _paged(http, "/v1/replay/changes", "changes", window)
+    kinds = [(c["type"], c["resource"], c["owner"]) for c in changes]
+    stream = f"shared/{resource}"
+    assert kinds[:3] == [
+        ("LOCK_ACQUIRED", resource, "agv-1"), ("SHARED_ACQUIRED", stream, "agv-2"),
+        ("SHARED_ACQUIRED", stream, "agv-3"),
+    ]  # fmt: skip
+    # The short grant lapsed; whether the reaper recorded SHARED_EXPIRED before `end` decides which shows.
+    assert kinds[3:] in ([("LEASE_LAPSED", stream, "agv-3")], [("SHARED_EXPIRED", stream, "agv-3")])
+
+
 async def test_agent_history_and_resource_history_by_time(
     http: httpx.AsyncClient, admin_pool: asyncpg.Pool, unique_prefix: str
 ) -> None:

@@ -1,7 +1,7 @@
 """The log's readers take shared-lock events in stride: with ``SHARED_*`` events in the log, every reader of
 the whole log still answers (the chain verifies, the projectors catch up, the change feed, export, agent
-history, replay at T and the audit digest serve them or pass them by), and what serves the mutex still
-shows only mutex leases."""
+history, replay at T and the audit digest serve them or pass them by), replay at T lists the grants
+beside the mutex of the same name, and what serves the mutex's state still shows only mutex leases."""
 
 from __future__ import annotations
 
@@ -62,13 +62,22 @@ async def test_shared_events_break_no_reader(
     assert events.status_code == 200, events.text
     state = await http.get("/v1/replay/state", params={"at": at, "prefix": unique_prefix})
     assert state.status_code == 200, state.text
-    # Replay at T is the mutex's: the shared lock's grant is not a mutex lease.
-    assert [lease["resource"] for lease in state.json()["locks"]] == [resource]
+    # Replay at T lists the mutex lease, then the shared lock's grant of the same name, with its mode.
+    assert [
+        (lease["resource"], lease["mode"], lease["fencing_token"]) for lease in state.json()["locks"]
+    ] == [
+        (resource, None, 1),
+        (resource, "shared", 1),
+    ]
     changes = await http.get(
         "/v1/replay/changes", params={"from": format_timestamp(began), "to": at, "prefix": unique_prefix}
     )
     assert changes.status_code == 200, changes.text
-    assert {change["resource"] for change in changes.json()["changes"]} == {resource}
+    # The changes name the shared lock's stream, and the prefix finds them by resource.
+    assert [(change["resource"], change["type"]) for change in changes.json()["changes"]] == [
+        (f"shared/{resource}", "SHARED_RENEWED"),
+        (resource, "LOCK_ACQUIRED"),
+    ]
     assert (await http.get("/v1/audit/digest")).status_code == 200
     assert (await http.get("/v1/stats")).status_code == 200
     listed = (await http.get("/v1/locks", params={"prefix": unique_prefix})).json()["items"]
