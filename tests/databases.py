@@ -12,6 +12,7 @@ import asyncpg
 
 from eventstore.dburl import asyncpg_dsn
 from migrations.upgrade import upgrade
+from projections.projector import Projector
 
 TEST_DATABASE_URL_ENV = "LOCKLEDGER_TEST_DATABASE_URL"
 
@@ -52,3 +53,16 @@ def scratch_database(database_url: str) -> Iterator[str]:
         yield url
     finally:
         run_admin(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def catch_up_past_writes(conn: asyncpg.Connection, projector: Projector, attempts: int = 200) -> None:
+    """Run ``projector`` until it has applied every transaction committed before this call. A projector
+    reads windows below the server's xmin, and on a shared server a transaction of another database can
+    hold that back: one ``catch_up`` may then end before writes just made."""
+    written: int = await conn.fetchval("SELECT pg_current_xact_id()::text::bigint")
+    for _ in range(attempts):
+        await projector.catch_up(conn)
+        if projector.checkpoint is not None and projector.checkpoint.lo > written:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{projector.table} did not pass transaction {written}")

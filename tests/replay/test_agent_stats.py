@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from eventstore.dburl import asyncpg_dsn
 from projections.agent_stats import AGENT_STATS
 from projections.projector import Projector, build
+from tests.databases import catch_up_past_writes
 from tests.replay.histories import Logged, Step, steps, write_history
 
 pytestmark = pytest.mark.storage
@@ -60,7 +61,7 @@ async def test_projected_stats_equal_a_fold_and_a_build(
     conn = await asyncpg.connect(asyncpg_dsn(own_database), server_settings={"timezone": "UTC"})
     try:
         logged = await write_history(conn, f"{zone}:", start, story)
-        await Projector(AGENT_STATS, page=5).catch_up(conn)
+        await catch_up_past_writes(conn, Projector(AGENT_STATS, page=5))
         projected = [tuple(r.values()) for r in await conn.fetch(_ROWS.format(table="agent_stats"), zone)]
         assert projected == fold(logged, zone)
         await conn.execute("CREATE TEMP TABLE built (LIKE agent_stats INCLUDING ALL)")

@@ -21,6 +21,7 @@ from eventstore.dburl import asyncpg_dsn
 from projections import checkpoints, holding_periods
 from projections.holding_periods import HOLDING_PERIODS
 from projections.projector import Projector, build
+from tests.databases import catch_up_past_writes
 from tests.replay.histories import Step, steps, write_history
 
 pytestmark = pytest.mark.storage
@@ -46,7 +47,9 @@ async def test_projected_equals_built_and_reapplying_changes_nothing(
     conn = await asyncpg.connect(asyncpg_dsn(own_database), server_settings={"timezone": "UTC"})
     try:
         logged = await write_history(conn, prefix, start, story)
-        await Projector(HOLDING_PERIODS, page=7).catch_up(conn)  # small pages: windows read in parts
+        await catch_up_past_writes(
+            conn, Projector(HOLDING_PERIODS, page=7)
+        )  # small pages: windows read in parts
         projected = await _rows(conn, HOLDING_PERIODS.name, prefix)
         grants = [e for e in logged if e.type in _GRANTS]
         assert len(projected) == len(grants)  # not vacuous: a row per grant, a shared lock's too

@@ -22,6 +22,7 @@ from eventstore.dburl import asyncpg_dsn
 from projections.holding_periods import HOLDING_PERIODS
 from projections.projector import Projector
 from projections.replay import LOG, PROJECTION, LiveLease, state_at
+from tests.databases import catch_up_past_writes
 from tests.replay.histories import Logged, Step, steps, write_history
 
 pytestmark = pytest.mark.storage
@@ -99,7 +100,7 @@ async def test_replay_equals_a_fold_of_the_log(
     try:
         logged = await write_history(conn, prefix, start, story)
         if source == PROJECTION:
-            await Projector(HOLDING_PERIODS).catch_up(conn)
+            await catch_up_past_writes(conn, Projector(HOLDING_PERIODS))
         for at in _instants(logged, start):
             found = await state_at(conn, at, prefix=prefix, limit=1000, use_projection=source == PROJECTION)
             assert found.source == source

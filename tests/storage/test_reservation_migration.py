@@ -25,6 +25,7 @@ from service.config import Settings
 from service.database import create_pool
 from service.lock_service import CommandContext
 from service.reservation_service import Reservation
+from tests.databases import catch_up_past_writes
 
 pytestmark = pytest.mark.storage
 
@@ -55,7 +56,7 @@ async def test_migration_0017_fills_the_reservation_of_earlier_leases(scratch_da
         await pool.close()
     conn = await asyncpg.connect(asyncpg_dsn(scratch_database_url), server_settings={"timezone": "UTC"})
     try:
-        await Projector(HOLDING_PERIODS).catch_up(conn)
+        await catch_up_past_writes(conn, Projector(HOLDING_PERIODS))
         written = await _rows(conn)
         named = {(row["resource"], row["reservation_id"]) for row in written["lock_state"]}
         assert named == {("dock:1", None), ("zone:A1", "trip-1"), ("zone:A2", None)}

@@ -17,6 +17,7 @@ from eventstore.dburl import asyncpg_dsn
 from migrations.upgrade import alembic_config, upgrade
 from projections.holding_periods import HOLDING_PERIODS
 from projections.projector import Projector
+from tests.databases import catch_up_past_writes
 from tests.replay.histories import write_history
 
 pytestmark = pytest.mark.storage
@@ -39,7 +40,7 @@ async def test_migration_0018_writes_the_rows_of_earlier_shared_grants(scratch_d
     conn = await asyncpg.connect(asyncpg_dsn(scratch_database_url), server_settings={"timezone": "UTC"})
     try:
         await write_history(conn, "m:", datetime(1993, 1, 1, tzinfo=UTC), _STORY)
-        await Projector(HOLDING_PERIODS).catch_up(conn)
+        await catch_up_past_writes(conn, Projector(HOLDING_PERIODS))
         written = await _rows(conn)
         shared = [(row["resource"], row["mode"], row["lock_limit"]) for row in written if row["mode"]]
         assert shared == [
