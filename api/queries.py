@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
@@ -63,33 +65,60 @@ async def get_lock(resource: ResourcePath, request: Request) -> LockInfo:
     return LockInfo(**view.as_json(), queue=queue)
 
 
-@router.get(
-    "/{resource}/history",
-    response_model=History,
-    dependencies=[Depends(require(Action.READ_HISTORY))],
-    responses=ARCHIVED,
-)
-async def history(
-    resource: ResourcePath,
-    request: Request,
-    response: Response,
+@dataclass(frozen=True)
+class HistoryWindow:
+    """Which of a stream's events a history page shows: after a version, recorded in ``[start, end)``."""
+
+    after_version: int
+    start: datetime | None
+    end: datetime | None
+    limit: int
+
+
+def history_window(
     # A bigint: larger is a 422, not a 500. `lt=2**63`, not `le=2**63 - 1`: FastAPI holds OpenAPI bounds
     # as floats, and only the power of two survives that exactly.
     after_version: Annotated[int, Query(ge=0, lt=2**63)] = 0,
     start: Annotated[Instant | None, Query(alias="from", description="Inclusive, RFC 3339.")] = None,
     end: Annotated[Instant | None, Query(alias="to", description="Exclusive, RFC 3339.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> HistoryWindow:
+    """The history endpoints' query parameters (a mutex's and a shared lock's take the same)."""
+    return HistoryWindow(after_version, start, end, limit)
+
+
+Window = Annotated[HistoryWindow, Depends(history_window)]
+
+
+async def stream_history(
+    request: Request, response: Response, resource: str, stream: str, window: HistoryWindow
 ) -> History:
-    """The resource's events in order, recorded between `from` and `to` if given; page with
-    `after_version`."""
+    """One page of the events of ``stream`` (the lock ``resource``'s), refusing an archived range."""
     async with request.app.state.read_pool.acquire() as conn:
-        if start is None:
+        if window.start is None:
             await mark_live_since(conn, response)
         else:
-            await refuse_archived(conn, start, end)
+            await refuse_archived(conn, window.start, window.end)
         found = await replay.resource_history(
-            conn, resource, after_version=after_version, start=start, end=end, limit=limit
+            conn,
+            stream,
+            after_version=window.after_version,
+            start=window.start,
+            end=window.end,
+            limit=window.limit,
         )
     items = [HistoryEvent.model_validate(event, from_attributes=True) for event in found]
-    next_after = items[-1].version if len(items) == limit else None
+    next_after = items[-1].version if len(items) == window.limit else None
     return History(resource=resource, events=items, next_after_version=next_after)
+
+
+@router.get(
+    "/{resource}/history",
+    response_model=History,
+    dependencies=[Depends(require(Action.READ_HISTORY))],
+    responses=ARCHIVED,
+)
+async def history(resource: ResourcePath, request: Request, response: Response, window: Window) -> History:
+    """The resource's events in order, recorded between `from` and `to` if given; page with
+    `after_version`."""
+    return await stream_history(request, response, resource, resource, window)

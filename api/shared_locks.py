@@ -18,6 +18,9 @@ from api.auth import require
 from api.command_route import CommandCall, CommandRoute
 from api.commands import Holder, lease_owner, problems, render_outcome
 from api.dependencies import ResourcePath
+from api.models import History
+from api.queries import Window, stream_history
+from api.replay import ARCHIVED
 from api.request_checks import StrictRoute
 from api.shared_lock_models import (
     ListedSharedGrant,
@@ -158,3 +161,17 @@ def _holder(holder: GrantRow) -> SharedHolder:
 def _waiter(waiting: Waiting) -> SharedWaiter:
     mode: Mode = "exclusive" if waiting.exclusive else "shared"
     return SharedWaiter(owner=waiting.owner, mode=mode, since=waiting.since, deadline=waiting.deadline)
+
+
+@router.get(
+    "/{resource}/history",
+    response_model=History,
+    dependencies=[Depends(require(Action.READ_HISTORY))],
+    responses=ARCHIVED,
+)
+async def shared_history(
+    resource: ResourcePath, request: Request, response: Response, window: Window
+) -> History:
+    """The shared lock's events (stream `shared/{resource}`: grants, renewals, releases, expiries) in
+    order, as `GET /v1/locks/{resource}/history` gives the mutex's; page with `after_version`."""
+    return await stream_history(request, response, resource, stream_id(resource), window)

@@ -425,15 +425,16 @@ SELECT * FROM (
 
 async def resource_history(
     conn: Connection,
-    resource: str,
+    stream: str,
     *,
     after_version: int = 0,
     start: datetime | None = None,
     end: datetime | None = None,
     limit: int = 100,
 ) -> list[LoggedEvent]:
-    """One resource's events in version order, after ``after_version``, recorded in ``[start, end)``."""
-    rows = await conn.fetch(RESOURCE_HISTORY_SQL, resource, after_version, start, end, limit)
+    """One stream's events in version order, after ``after_version``, recorded in ``[start, end)``: a
+    mutex's (its resource) or a shared lock's (``shared/<resource>``)."""
+    rows = await conn.fetch(RESOURCE_HISTORY_SQL, stream, after_version, start, end, limit)
     return [_logged(row) for row in rows]
 
 

@@ -215,6 +215,8 @@ INSTANT_PARAMETERS = [
     ("/v1/events", "to", {}),
     ("/v1/locks/zone:A3/history", "from", {}),
     ("/v1/locks/zone:A3/history", "to", {}),
+    ("/v1/shared-locks/zone:A3/history", "from", {}),
+    ("/v1/shared-locks/zone:A3/history", "to", {}),
 ]
 
 
@@ -257,7 +259,12 @@ async def test_the_last_instant_utc_writes_is_taken_where_the_future_is_allowed(
     http: httpx.AsyncClient,
 ) -> None:
     last = "9999-12-31T23:59:59.999999Z"
-    for path in ("/v1/agents/agv-1/history", "/v1/events", "/v1/locks/zone:A3/history"):
+    for path in (
+        "/v1/agents/agv-1/history",
+        "/v1/events",
+        "/v1/locks/zone:A3/history",
+        "/v1/shared-locks/zone:A3/history",
+    ):
         answer = await http.get(path, params={"to": last})
         assert answer.status_code == 200, (path, answer.text)
     future = await http.get("/v1/replay/state", params={"at": "9999-12-31T09:59:59.999999-14:00"})

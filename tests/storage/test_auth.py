@@ -114,6 +114,10 @@ ENDPOINTS: dict[
     "list": (Action.READ_STATE, lambda c, r, h: c.get("/v1/locks", headers=h)),
     "get": (Action.READ_STATE, lambda c, r, h: c.get(f"/v1/locks/{r}", headers=h)),
     "history": (Action.READ_HISTORY, lambda c, r, h: c.get(f"/v1/locks/{r}/history", headers=h)),
+    "shared-history": (
+        Action.READ_HISTORY,
+        lambda c, r, h: c.get(f"/v1/shared-locks/{r}/history", headers=h),
+    ),
     "stats": (Action.READ_STATE, lambda c, r, h: c.get("/v1/stats", headers=h)),
     "agent-stats": (Action.READ_STATE, lambda c, r, h: c.get("/v1/stats/agents", headers=h)),
     # The fleet at an instant and the changes around it are past lock state (the dashboard's slider);
