@@ -288,14 +288,20 @@ def _row(event: Event) -> dict[str, Any]:
 
 
 def _history_rows(
-    client: Client, resource: str | None, agent: str | None, start: str | None, end: str | None
+    client: Client,
+    resource: str | None,
+    agent: str | None,
+    start: str | None,
+    end: str | None,
+    shared: bool,
 ) -> list[dict[str, Any]]:
-    """Every event of the resource's (or the agent's) history in the range, following the pages."""
+    """Every event of the resource's (its shared lock's, if ``shared``) or the agent's history in the
+    range, following the pages."""
     rows: list[dict[str, Any]] = []
     if resource is not None:
         version = 0
         while True:
-            page = client.history(resource, version, _PAGE, from_=start, to=end)
+            page = client.history(resource, version, _PAGE, from_=start, to=end, shared=shared)
             rows += [_row(e) for e in page.events]
             if page.next_after_version is None or not page.events:
                 return rows
@@ -314,17 +320,21 @@ def _history_rows(
 _TAKEN_UP = {"accept": "accepted the hand-off", "decline": "declined the hand-off"}
 
 
-def _event(kind: str, data: dict[str, Any], metadata: dict[str, Any], recorded_at: datetime) -> Text:
+def _event(
+    kind: str, data: dict[str, Any], metadata: dict[str, Any], recorded_at: datetime, grant: str | None = None
+) -> Text:
     """An event for a person: its type, then what it says beyond who and which token: a shared-lock
-    grant's mode and limit, the TTL (for a hand-off, the time given to accept), the lease deadline (its
-    date only if it is not the day the event was recorded), the reason, the giver of a hand-off, and the
-    reservation the event belongs to."""
+    grant's mode and limit (on its renewals, release and expiry, the kind of ``grant`` it was), the TTL
+    (for a hand-off, the time given to accept), the lease deadline (its date only if it is not the day the
+    event was recorded), the reason, the giver of a hand-off, and the reservation the event belongs to."""
     text = Text(kind, style="bold")
     lines = []
     if (mode := data.get("mode")) is not None:  # a shared-lock grant (SHARED_ACQUIRED)
         limit = data.get("limit")
         lines.append(f"{mode} grant: {_lock_kind(str(mode), None if limit is None else int(limit))}")
         lines.append(f"limit {'none' if limit is None else limit}")
+    elif grant is not None:
+        lines.append(f"of the {grant} grant")
     if (giver := data.get("from_owner")) is not None:  # a hand-off: the lease it ended, the one it began
         lines.append(f"from {giver} (token {data.get('from_token')}) to {data.get('owner')}")
         if (ttl := data.get("ttl_ms")) is not None:
@@ -354,18 +364,24 @@ def history(
     agent: Annotated[
         str | None, typer.Option("--agent", help="Show this agent's history (every resource) instead.")
     ] = None,
+    shared: Annotated[
+        bool, typer.Option("--shared", help="RESOURCE's shared lock (its grants) instead of its mutex.")
+    ] = False,
     from_: From = None,
     to: To = None,
     output: FormatOption = Format.TABLE,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """The events of one resource (RESOURCE) or of one agent (--agent OWNER), oldest first."""
+    """The events of one resource (RESOURCE, its shared lock's with --shared) or of one agent
+    (--agent OWNER), oldest first."""
     if (resource is None) == (agent is None):
         raise _fail("name a RESOURCE or an --agent OWNER (one of them)", 2)
+    if shared and resource is None:
+        raise _fail("--shared is for a RESOURCE's history, not an agent's", 2)
     start, end = _instant("--from", from_), _instant("--to", to)
     with reported(url), _client(url, token) as client:
-        rows = _history_rows(client, resource, agent, start, end)
+        rows = _history_rows(client, resource, agent, start, end, shared)
     if output is Format.JSON:
         key, subject = ("resource", resource) if resource is not None else ("owner", agent)
         events = [{**row, "recorded_at": _wire(row["recorded_at"])} for row in rows]
@@ -380,7 +396,9 @@ def history(
         ]  # fmt: skip
         print_csv(_HISTORY_FIELDS, lines)
         return
-    subject = f"resource {resource}" if resource is not None else f"agent {agent}"
+    subject = (
+        f"{'shared lock' if shared else 'resource'} {resource}" if resource is not None else f"agent {agent}"
+    )
     span = "".join(
         [f" from {_inline(datetime.fromisoformat(start))}" if start else "",
          f" to {_inline(datetime.fromisoformat(end))}" if end else ""]
@@ -392,13 +410,18 @@ def history(
         *columns, "event", "token", "recorded",
         title=f"History of {escape(subject)}{span}", caption=f"{len(rows)} event(s)",
     )  # fmt: skip
+    grants: dict[tuple[str, object], str] = {}  # a shared grant's kind by stream and token, once acquired
     for row in rows:
         data = row["data"]
+        grant = (row["resource"], data.get("fencing_token"))
+        if row["type"] == "SHARED_ACQUIRED":
+            limit = data.get("limit")
+            grants[grant] = _lock_kind(str(data.get("mode")), None if limit is None else int(limit))
         if resource is not None:
             cells = [str(row["position"]), str(row["version"]), escape(str(data.get("owner", "")))]
         else:
             cells = [str(row["position"]), escape(row["resource"])]
-        event = _event(row["type"], data, row["metadata"], row["recorded_at"])
+        event = _event(row["type"], data, row["metadata"], row["recorded_at"], grants.get(grant))
         table.add_row(*cells, event, str(data.get("fencing_token", "")), _shown(row["recorded_at"]))
     print_table(table)
 

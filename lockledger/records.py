@@ -171,7 +171,10 @@ class History:
     next_after_version: int | None
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> History:
+    def from_json(cls, d: dict[str, Any], *, shared: bool = False) -> History:
+        """A page as the server writes it; ``shared`` for a shared lock's, whose events are on the stream
+        ``shared/<resource>`` (as an agent's history and the export name them)."""
         resource = d["resource"]
-        events = [Event.from_json(e, stream=resource) for e in d["events"]]
+        stream = f"shared/{resource}" if shared else resource
+        events = [Event.from_json(e, stream=stream) for e in d["events"]]
         return cls(resource, events, d["next_after_version"])

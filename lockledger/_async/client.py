@@ -305,12 +305,15 @@ class AsyncClient(wire.ClientCore):
         *,
         from_: datetime | str | None = None,
         to: datetime | str | None = None,
+        shared: bool = False,
     ) -> History:
         """One page of the resource's events in version order, after ``after_version``; with ``from_`` or
-        ``to``, only those recorded in ``[from_, to)``. ``next_after_version`` continues it (None: done)."""
+        ``to``, only those recorded in ``[from_, to)``. ``next_after_version`` continues it (None: done).
+        ``shared=True``: the shared lock of that name (its grants, stream ``shared/<resource>``) instead
+        of the mutex."""
         params = {"after_version": after_version, "limit": limit, **time_range(from_, to)}
-        path = wire.lock_path(resource, "/history")
-        return History.from_json(await self._data("GET", path, params=params))
+        path = (wire.shared_path if shared else wire.lock_path)(resource, "/history")
+        return History.from_json(await self._data("GET", path, params=params), shared=shared)
 
     async def agent_history(
         self,
