@@ -220,6 +220,45 @@ async def test_replay_and_history_show_shared_grants(
         assert line in shown
 
 
+async def test_history_shared_shows_a_shared_locks_grants_and_what_each_event_was_of(
+    scene: Scene, auth_server: ServerProcess, issue_token: IssueToken, unique_prefix: str
+) -> None:
+    """`history RESOURCE --shared`: the shared lock's events, not the mutex's; the table tells each
+    grant's kind and limit, and its renewal and release the grant they were of; json and csv carry them;
+    --shared with --agent is refused."""
+    bay = f"{unique_prefix}sh:bay"
+    async with AsyncClient(auth_server.base_url, token=await issue_token(scene.owner, Role.AGENT)) as agent:
+        await agent.acquire(bay, ttl=60)  # the mutex of the same name: not in the shared history
+        permit = await agent.acquire_shared(bay, "shared", 4, ttl=60)
+        await agent.renew_shared(bay, None, permit.fencing_token, ttl=90)
+        await agent.release_shared(bay, None, permit.fencing_token)
+    common = ["history", bay, "--shared", "--url", scene.url]
+
+    table = _ok(lockledger(*common, token=scene.investigator))
+    assert f"History of shared lock {bay}" in table
+    for line in ("SHARED_ACQUIRED", "shared grant: permit of 4", "limit 4", "SHARED_RENEWED", "ttl 90 s",
+                 "SHARED_RELEASED", "of the permit of 4 grant", "3 event(s)"):  # fmt: skip
+        assert line in table, line
+    assert "LOCK_ACQUIRED" not in table
+
+    answer = json.loads(_ok(lockledger(*common, "--format", "json", token=scene.investigator)))
+    assert answer["resource"] == bay
+    assert [(e["type"], e["data"]["fencing_token"]) for e in answer["events"]] == [
+        ("SHARED_ACQUIRED", permit.fencing_token), ("SHARED_RENEWED", permit.fencing_token),
+        ("SHARED_RELEASED", permit.fencing_token),
+    ]  # fmt: skip
+    rows = list(csv.DictReader(io.StringIO(_ok(lockledger(*common, "--format", "csv",
+                                                          token=scene.investigator)))))  # fmt: skip
+    assert [row["resource"] for row in rows] == [f"shared/{bay}"] * 3
+    assert json.loads(rows[0]["data"])["limit"] == 4
+
+    refused = lockledger(
+        "history", "--agent", scene.owner, "--shared", url=scene.url, token=scene.investigator
+    )
+    assert refused.returncode == 2
+    assert "--shared is for a RESOURCE" in refused.stderr
+
+
 def test_export_to_a_file_is_ndjson_of_every_event_and_resumes(
     scene: Scene, unique_prefix: str, tmp_path: Path
 ) -> None:
