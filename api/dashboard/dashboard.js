@@ -10,8 +10,9 @@
 // that reservation's locks alone) and how many acquires wait for it (`queued`). Shared locks (read/write
 // locks and semaphores) have a table of their own: their grants from /v1/shared-locks (re-polled) and the
 // feed's SHARED_* events, a mode badge each (read, write, permit k of N); a shared lock's detail shows
-// its holders and its queue, each waiter's mode with it (/v1/shared-locks/{resource}). Times come from
-// the server's clock: the offset to it is measured on each /v1/locks answer (its `at`).
+// its holders and its queue, each waiter's mode with it (/v1/shared-locks/{resource}). At a past instant
+// the held table shows the replay's mutex leases, the shared table its grants (those with a mode). Times
+// come from the server's clock: the offset to it is measured on each /v1/locks answer (its `at`).
 
 import { setUpTimeline } from "./timeline.js";
 
@@ -35,7 +36,7 @@ const state = {
   offsetMs: 0, // server clock minus this browser's
   events: [], // newest first, from the feed
   sagas: { inFlight: [], stuck: [] },
-  scrub: null, // {at: ms, locks: [...], changes: [...]} while viewing the past
+  scrub: null, // {at: ms, locks: mutex leases, grants: shared-lock grants, changes: [...]} viewing the past
   grants: new Map(), // second -> LOCK_ACQUIRED events seen
   expiries: new Map(), // minute -> LOCK_EXPIRED events seen
   conflicts: [], // {at, rate} from two /v1/stats reads of one process
@@ -44,6 +45,7 @@ const state = {
   reservation: null, // the reservation id the held table is narrowed to, if any
   shared: new Map(), // "resource#token" -> {seenAt (ms, server clock), grant} of live shared-lock grants
   sharedEnded: new Map(), // "resource#token" -> when its end was seen
+  sharedCut: false, // the live list had more than a page
   // {resource, shared, lock: the /v1/locks/{resource} or /v1/shared-locks/{resource} answer | null} while a
   // lock's detail is open
   detail: null,
@@ -270,7 +272,7 @@ async function pollShared() {
   }
   for (const [key, known] of state.shared) if (!listed.has(key) && known.seenAt <= at) state.shared.delete(key);
   for (const [key, endedAt] of state.sharedEnded) if (endedAt < at - ENDED_KEPT_MS) state.sharedEnded.delete(key);
-  $("shared-note").textContent = page.next_cursor ? "(the first 1,000)" : "read/write locks and semaphores, live";
+  state.sharedCut = Boolean(page.next_cursor);
   if (state.detail?.shared) await pollDetail();
   renderShared();
 }
@@ -359,7 +361,8 @@ function refreshAll() {
 
 async function scrubTo(at) {
   at = Math.min(at, serverNow() - 1000);
-  state.scrub = { ...(state.scrub ?? { locks: [], changes: [], before: AROUND_MS, after: AROUND_MS, cut: false }), at, ready: false };
+  const blank = { locks: [], grants: [], changes: [], before: AROUND_MS, after: AROUND_MS, cut: false };
+  state.scrub = { ...(state.scrub ?? blank), at, ready: false };
   const instant = new Date(at).toISOString();
   history.replaceState(null, "", `?at=${encodeURIComponent(instant)}`);
   render();
@@ -369,8 +372,10 @@ async function scrubTo(at) {
       changesAround(at),
     ]);
     if (state.scrub?.at !== at) return; // moved on meanwhile
-    // The mutex leases, as the live view shows them (a shared lock's grants have a mode).
-    state.scrub = { at, locks: fleet.locks.filter((lock) => lock.mode == null), ...near, ready: true };
+    // The mutex leases for the held table, a shared lock's grants (they have a mode) for its own card.
+    const locks = fleet.locks.filter((lock) => lock.mode == null);
+    const grants = fleet.locks.filter((lock) => lock.mode != null);
+    state.scrub = { at, locks, grants, ...near, ready: true };
   } catch (error) {
     if (!(error instanceof NeedToken)) console.warn(error);
   }
@@ -598,6 +603,16 @@ function renderHeld(all) {
 // Shared-lock grants by resource then token; rows kept across redraws, as the held table's.
 const sharedRows = new Map();
 
+// The grants live at the slider's instant, from the replay (by resource then token, as it lists them), each
+// its time left then and its length from its acquire.
+function scrubbedGrants() {
+  const { at, grants } = state.scrub;
+  return grants.map((grant) => {
+    const left = Date.parse(grant.expires_at) - at;
+    return { ...grant, left, ttl_ms: Date.parse(grant.expires_at) - Date.parse(grant.acquired_at) || left };
+  });
+}
+
 function sharedGrants() {
   const now = serverNow();
   const grants = [];
@@ -640,9 +655,9 @@ function sharedRow(grant) {
   return cells;
 }
 
-// Live only: the slider replays mutex leases, not shared grants.
+// The live grants, or those at the slider's instant.
 function renderShared() {
-  const grants = state.scrub ? [] : sharedGrants();
+  const grants = state.scrub ? scrubbedGrants() : sharedGrants();
   const places = new Map();
   const rows = grants.map((grant) => {
     const key = grantKey(grant.resource, grant.fencing_token);
@@ -664,9 +679,12 @@ function renderShared() {
     body.replaceChildren(...rows);
   }
   $("shared-empty").hidden = rows.length > 0;
-  $("shared-empty").textContent = state.scrub
-    ? "Shared locks are shown live only: the slider replays mutex leases."
-    : "No shared lock is held.";
+  $("shared-empty").textContent = state.scrub ? "No shared lock was held then." : "No shared lock is held.";
+  $("shared-note").textContent = state.scrub
+    ? "read/write locks and semaphores, then"
+    : state.sharedCut
+      ? "(the first 1,000)"
+      : "read/write locks and semaphores, live";
   $("count-shared").textContent = grants.length;
 }
 

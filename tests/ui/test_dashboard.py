@@ -449,6 +449,47 @@ async def test_shared_locks_show_each_grant_with_its_mode_and_a_lock_its_holders
     assert tab.errors == []
 
 
+async def test_the_slider_shows_the_shared_grants_live_then_and_the_held_table_the_mutex_alone(
+    tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
+) -> None:
+    """A zone's mutex and a reader of its read/write lock, and a permit of a charging bay's semaphore, all
+    released since: at an instant they were held the shared card shows the two grants with their mode
+    badge and the held table the mutex alone; before them both are empty."""
+    zone, bay = f"{unique_prefix}zone:A3", f"{unique_prefix}bay:charging-1"
+    await tab.open(f"{server.base_url}/ui")
+    lease = await acquire(api, zone, "agv-1")
+    reader = await acquire_shared(api, zone, "inspector-1", "shared")
+    permit = await acquire_shared(api, bay, "agv-2", "shared", limit=4)
+    acquired_at = datetime.fromisoformat(lease["expires_at"]) - timedelta(milliseconds=lease["ttl_ms"])
+    # Hold them long enough that an instant in the middle is whole seconds away from both ends.
+    await asyncio.sleep(max(0.0, 3.0 - (datetime.now(acquired_at.tzinfo) - acquired_at).total_seconds()))
+    for grant in (reader, permit):
+        await release_shared(api, grant)
+    released = await api.post(
+        f"/v1/locks/{zone}/release", json={"owner": "agv-1", "fencing_token": lease["fencing_token"]}
+    )
+    assert released.status_code == 200, released.text
+    read_row = shared_row(tab.page, zone, reader["fencing_token"])
+    await expect(read_row).to_have_count(0, timeout=WITHIN_A_SECOND_MS)
+
+    await tab.scrub(acquired_at + timedelta(milliseconds=1500))
+    await expect(read_row.locator(".mode")).to_have_text("read")
+    await expect(read_row.locator(".mode")).to_have_attribute("data-mode", "read")
+    await expect(read_row).to_contain_text("inspector-1")
+    permit_row = shared_row(tab.page, bay, permit["fencing_token"])
+    await expect(permit_row.locator(".mode")).to_have_text("permit 1 of 4")
+    await expect(permit_row.locator("td").nth(2)).to_have_text("agv-2")
+    held = tab.page.locator("#held tbody tr", has_text=unique_prefix)
+    await expect(held).to_have_count(1)
+    await expect(held_row(tab.page, zone)).to_contain_text("agv-1")
+    await expect(tab.page.locator("#shared-empty")).to_be_hidden()
+
+    await tab.scrub(acquired_at - timedelta(seconds=3))
+    await expect(tab.page.locator("#shared tbody tr", has_text=unique_prefix)).to_have_count(0)
+    await expect(held).to_have_count(0)
+    assert tab.errors == []
+
+
 @pytest.mark.slow
 async def test_on_a_busy_fleet_the_events_near_the_instant_are_the_nearest_ones(
     tab: Tab, server: ServerProcess, api: httpx.AsyncClient, unique_prefix: str
