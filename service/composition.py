@@ -29,7 +29,7 @@ from service.reservation_store import GuardedReservations, PostgresReservationSt
 from service.saga_service import SagaService
 from service.saga_store import PostgresSagaStore
 from service.shared_lock_service import SharedLockService
-from service.shared_lock_store import PostgresSharedLockStore, SharedAfterOutage
+from service.shared_lock_store import PostgresSharedLockStore, SharedAfterOutage, SharedInFlightOrdering
 from service.store import PostgresStore
 from service.store_adapters import Adapters, build_store
 from service.waiters import Waiters
@@ -103,6 +103,7 @@ def shared_lock_service_on_pool(
     store: SharedLockStore = PostgresSharedLockStore(pool, acquire_timeout_s)
     if outage_watch is not None:
         store = SharedAfterOutage(store, outage_watch)
+    store = SharedInFlightOrdering(store)
     return SharedLockService(
         store, bounds, locks.waiters, locks.guard, conflict_retries=conflict_retries, max_wait_ms=max_wait_ms
     )

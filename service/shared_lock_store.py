@@ -1,6 +1,6 @@
 """The shared locks' store in PostgreSQL (the ``SharedLockStore`` port, ``service/ports.py``): one
-statement to load a shared lock, one to commit a decision (``projections/shared_locks.py``); and the
-outage rule around it."""
+statement to load a shared lock, one to commit a decision (``projections/shared_locks.py``); the outage
+rule and the in-flight ordering around it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from projections.shared_locks import (
     due_shared,
     load_shared,
 )
+from service.appends_in_flight import AppendsInFlight
 from service.database import connection
 from service.outage import OutageWatch
 from service.ports import CommitConflict, SharedLockStore
@@ -69,3 +70,29 @@ class SharedAfterOutage:
         except Exception as error:
             self._watch.saw_failure(error)
             raise
+
+
+class SharedInFlightOrdering:
+    """A load waits until no commit of this process is in flight on its shared lock, as the lock store's
+    ``InFlightOrdering`` (``service/store_adapters.py``): agents taking and releasing grants of one lock
+    at once otherwise decide on a version that a commit on its way is about to move, and lose the
+    commit's version check again and again."""
+
+    def __init__(self, inner: SharedLockStore) -> None:
+        self._inner = inner
+        self._appending = AppendsInFlight()
+
+    async def load(self, resource: str, principal: str, key: str | None) -> SharedSnapshot:
+        if self._appending.busy(resource):
+            await self._appending.settled(resource)
+        return await self._inner.load(resource, principal, key)
+
+    async def commit(self, plan: SharedPlan) -> SharedCommitted | None:
+        self._appending.begin(plan.resource)
+        try:
+            return await self._inner.commit(plan)
+        finally:
+            self._appending.end(plan.resource)
+
+    async def due(self, limit: int) -> list[str]:
+        return await self._inner.due(limit)
