@@ -61,6 +61,17 @@ class Seen:
         del self.held[resource][token]
 
 
+async def _post(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> httpx.Response:
+    """POST, again after a 503 (the lock too contended to decide: nothing was written, retry), as the
+    SDK does."""
+    for _ in range(20):
+        answer = await http.post(path, json=body)
+        if answer.status_code != 503:
+            return answer
+        await asyncio.sleep(0.05)
+    return answer
+
+
 async def _agent(
     http: httpx.AsyncClient, number: int, rw: str, semaphore: str, seen: Seen, rng: random.Random
 ) -> None:
@@ -76,7 +87,7 @@ async def _agent(
         }
         if kind == "permit":
             body["limit"] = LIMIT
-        answer = await http.post(f"/v1/shared-locks/{resource}/acquire", json=body)
+        answer = await _post(http, f"/v1/shared-locks/{resource}/acquire", body)
         if answer.status_code == 409:  # waited its longest: the others kept it busy
             assert answer.json()["code"] == "lock_held"
             continue
@@ -85,9 +96,10 @@ async def _agent(
         seen.take(resource, grant["fencing_token"], grant["mode"], grant["limit"])
         await asyncio.sleep(rng.uniform(0, 0.01))
         seen.drop(resource, grant["fencing_token"])
-        released = await http.post(
+        released = await _post(
+            http,
             f"/v1/shared-locks/{resource}/release",
-            json={"owner": owner, "fencing_token": grant["fencing_token"]},
+            {"owner": owner, "fencing_token": grant["fencing_token"]},
         )
         assert released.status_code == 200, released.text
 
