@@ -86,6 +86,7 @@ class CoordinationLoad:
         self.done: dict[str, int] = defaultdict(int)  # primitive -> acknowledged commands
         self.granted: dict[str, int] = defaultdict(int)  # read, write, permit -> acknowledged grants
         self._mailboxes: dict[str, asyncio.Queue[Offer]] = {}
+        self._offers_answered = 0  # by every agent
         self._stopping = asyncio.Event()
         self._retry_until = float("inf")
         self._agents: list[asyncio.Task[None]] = []
@@ -150,7 +151,11 @@ class CoordinationLoad:
         mailbox = self._mailboxes[owner]
         while not mailbox.empty():
             offer = mailbox.get_nowait()
-            if rng.random() >= self.mix.accept:
+            # The load's first offer is declined and its second accepted, so every run has both answers
+            # whatever the draws give; later offers are drawn.
+            answered, self._offers_answered = self._offers_answered, self._offers_answered + 1
+            accept = rng.random() < self.mix.accept if answered > 1 else answered == 1
+            if not accept:
                 await self._command(rng, "decline", offer.resource, {"owner": owner})
                 continue
             accepted = await self._command(
