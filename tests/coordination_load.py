@@ -32,6 +32,7 @@ import httpx
 
 from eventstore.dburl import asyncpg_dsn
 from tests.faults.history import History, Operation
+from tests.faults.load import post_recorded
 from tests.invariants import QueuedTicket, read_queue
 
 
@@ -282,19 +283,9 @@ class CoordinationLoad:
         operation = self.history.invoke(
             client=str(body["owner"]), command=command, resource=target, body=body, key=key, attempt=attempt
         )
-        try:
-            response = await self._clients[server].post(
-                _path(command, target), json=body, headers={"Idempotency-Key": key}
-            )
-        except httpx.TransportError as error:  # timeouts, refused and broken connections
-            self.history.lose(operation, type(error).__name__)
-            return operation
-        payload: Any = None
-        with contextlib.suppress(ValueError):
-            payload = response.json()
-        replayed = response.headers.get("Idempotent-Replayed") == "true"
-        self.history.respond(operation, response.status_code, payload, replayed=replayed)
-        return operation
+        return await post_recorded(
+            self._clients[server], _path(command, target), body, key, self.history, operation
+        )
 
 
 def _path(command: str, target: str) -> str:

@@ -213,18 +213,28 @@ class Load:
             attempt=attempt,
             copy=copy,
         )
-        try:
-            response = await self._http.post(
-                f"/v1/locks/{request.resource}/{request.command}",
-                json=request.body,
-                headers={"Idempotency-Key": request.key},
-            )
-        except httpx.TransportError as error:  # timeouts, refused and broken connections
-            self.history.lose(operation, type(error).__name__)
-            return operation
-        payload: Any = None
-        with contextlib.suppress(ValueError):
-            payload = response.json()
-        replayed = response.headers.get("Idempotent-Replayed") == "true"
-        self.history.respond(operation, response.status_code, payload, replayed=replayed)
+        path = f"/v1/locks/{request.resource}/{request.command}"
+        return await post_recorded(self._http, path, request.body, request.key, self.history, operation)
+
+
+async def post_recorded(
+    client: httpx.AsyncClient,
+    path: str,
+    body: dict[str, Any],
+    key: str,
+    history: History,
+    operation: Operation,
+) -> Operation:
+    """POST a command under its Idempotency-Key and record in ``history`` what came back: the answer, or
+    the transport error that left its outcome unknown."""
+    try:
+        response = await client.post(path, json=body, headers={"Idempotency-Key": key})
+    except httpx.TransportError as error:  # timeouts, refused and broken connections
+        history.lose(operation, type(error).__name__)
         return operation
+    payload: Any = None
+    with contextlib.suppress(ValueError):
+        payload = response.json()
+    replayed = response.headers.get("Idempotent-Replayed") == "true"
+    history.respond(operation, response.status_code, payload, replayed=replayed)
+    return operation
